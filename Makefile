@@ -1,0 +1,29 @@
+# Two commands: `make demo` and `make test`. Both create .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install lint clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py constraints.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# torch first, from the pinned version, so nothing else can choose a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	@$(PY) -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.startswith('2.13.0') else 'wrong torch: ' + v)"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m jigsaw_verl.cli demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check jigsaw_verl tests scripts patches
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,543 @@
+"""A deterministic discrete-event simulator that executes a scheduling policy over a GPU pool.
+
+Events are ordered by (time, priority, sequence number); the sequence counter belongs to the simulator
+instance, so runs never leak into each other and the same workload, seed and policy always give the same result.
+The loop is short: pop every event due now, let it advance its replica or gang task, then ask the policy what
+to start (:meth:`Simulator._decide`). What runs:
+
+- a rollout stage runs on replicas (:class:`~jigsaw_verl.core.rollout_engine.ReplicaEngine`), each freeing its
+  GPUs as soon as it has nothing left to generate;
+- every other stage runs as one *gang* over its GPUs, node by node (the nodes of :mod:`jigsaw_verl.core.graph`).
+
+Memory: each GPU keeps pipeline state resident (training state sharded over a GPU set, rollout weights per
+replica) and evicts the least recently used idle state of another pipeline when it needs room; loading state
+that is not resident costs a host-to-device copy at the cost model's PCIe rate, charged before the stage.
+KV cache gets what resident state leaves free.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.cost_model import CostModel, Work
+from ..core.graph import (
+    LOGPROB,
+    ROLLOUT,
+    UPDATE,
+    WEIGHT_SYNC,
+    SubStage,
+    activity_node,
+    assign_least_loaded,
+    logprob_nodes,
+    micro_batches,
+    step_requests,
+    update_nodes,
+    weight_sync_node,
+)
+from ..core.lengths import StepSamples, sample_steps
+from ..core.memory import kv_capacity_tokens, rollout_weight_bytes, train_state_bytes, usable_bytes
+from ..core.rollout_engine import ReplicaEngine
+from ..core.scheduling import (
+    ExecutionMode,
+    PipelineView,
+    Policy,
+    ReadyStage,
+    SchedulerOutput,
+    Snapshot,
+    StartStage,
+)
+from ..core.spec import PipelineSpec, WorkloadSpec
+
+EPS = 1e-9
+_ARRIVE, _TASK = 0, 1
+
+
+class SimulationError(RuntimeError):
+    """The policy asked for something the pool cannot do, or stopped scheduling with work left."""
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A sub-stage that ran on some GPUs.
+
+    Attributes:
+        gpus: GPU indices.
+        start_s: begin, seconds.
+        end_s: end, seconds.
+        pipeline: pipeline name.
+        step: step index.
+        stage: stage name.
+        name: sub-stage name.
+        bound: ``compute`` | ``memory`` | ``comm`` | ``cpu`` | ``load``.
+        flops: useful model FLOPs.
+        inputs_ready_s: when the samples it consumes existed (streamed log-prob micro-batches), else ``None``.
+    """
+
+    gpus: tuple[int, ...]
+    start_s: float
+    end_s: float
+    pipeline: str
+    step: int
+    stage: str
+    name: str
+    bound: str
+    flops: float = 0.0
+    inputs_ready_s: float | None = None
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """When a stage of a step started and ended."""
+
+    pipeline: str
+    step: int
+    stage: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Everything a run produced. Metrics are derived from it in :mod:`jigsaw_verl.sim.metrics`.
+
+    Attributes:
+        workload: workload name.
+        policy: policy name.
+        config: the configuration the policy fixed (split, order).
+        num_gpus: pool size.
+        makespan_s: when the last pipeline finished.
+        finish_s: per pipeline, when its last update finished.
+        slices: every sub-stage that ran.
+        stages: every stage's start and end.
+        generated: per pipeline, per step, tokens generated for each response (index order).
+        completions: per pipeline, per step, how many times each response finished.
+        reprefill_tokens: tokens re-prefilled after interrupts or migrations.
+        staleness: per pipeline, the staleness the policy ran it with.
+    """
+
+    workload: str
+    policy: str
+    config: str
+    num_gpus: int
+    makespan_s: float
+    finish_s: dict[str, float]
+    slices: tuple[Slice, ...]
+    stages: tuple[StageRecord, ...]
+    generated: dict[str, list[np.ndarray]]
+    completions: dict[str, list[np.ndarray]]
+    reprefill_tokens: int
+    staleness: dict[str, int]
+
+
+# ---- tasks ----------------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _Engine:
+    pipeline: str
+    gpus: tuple[int, ...]
+    worker: int
+    engine: ReplicaEngine
+    key: tuple
+    token: int = 0
+
+
+@dataclass(eq=False)
+class _Gang:
+    pipeline: str
+    step: int
+    stage: str
+    gpus: tuple[int, ...]
+    nodes: deque
+    closed: bool
+    key: tuple | None
+    current: tuple | None = None  # (SubStage, start, end, inputs_ready)
+    token: int = 0
+
+
+@dataclass(eq=False)
+class _Pipe:
+    spec: PipelineSpec
+    index: int
+    mode: ExecutionMode
+    samples: tuple[StepSamples, ...]
+    arrived: bool = False
+    finished: bool = False
+    version: int = 0
+    status: dict = field(default_factory=dict)  # (step, stage) -> "running" | "done"
+    started: dict = field(default_factory=dict)
+    next_rollout: int = 0
+    remaining: dict = field(default_factory=dict)  # step -> responses not yet finished
+    generated: list = field(default_factory=list)
+    completions: list = field(default_factory=list)
+    stream: dict = field(default_factory=dict)  # step -> (_Gang, pending [(seq_len, done_s)], next mb index)
+    last_rollout_gpus: int = 0
+    finish_s: float = 0.0
+
+    def done(self, step: int, stage: str) -> bool:
+        return self.status.get((step, stage)) == "done"
+
+    def begun(self, step: int, stage: str) -> bool:
+        return (step, stage) in self.status
+
+
+class Simulator:
+    """Run ``policy`` over ``workload``.
+
+    Args:
+        workload: the pool and pipelines.
+        policy: the scheduling policy (one configuration).
+        cost: cost model; defaults to the workload GPU's with default efficiencies.
+    """
+
+    def __init__(self, workload: WorkloadSpec, policy: Policy, cost: CostModel | None = None):
+        self.w = workload
+        self.policy = policy
+        self.cost = cost or CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
+        self.n = workload.cluster.num_gpus
+        self.pipes = {
+            p.name: _Pipe(p, i, policy.mode(p.name), sample_steps(p, workload.seed))
+            for i, p in enumerate(workload.pipelines)
+        }
+        for ps in self.pipes.values():
+            ps.generated = [np.zeros(ps.spec.samples_per_step, np.int64) for _ in range(ps.spec.steps)]
+            ps.completions = [np.zeros(ps.spec.samples_per_step, np.int64) for _ in range(ps.spec.steps)]
+        self.now = 0.0
+        self._seq = 0
+        self._heap: list = []
+        self.owner: list[object | None] = [None] * self.n
+        self.last: list[str | None] = [None] * self.n
+        self.resident: list[OrderedDict] = [OrderedDict() for _ in range(self.n)]
+        self.engines: list[_Engine] = []
+        self.slices: list[Slice] = []
+        self.stage_log: list[StageRecord] = []
+        self.reprefill_tokens = 0
+
+    # ---- event plumbing --------------------------------------------------------------------------------------
+    def _push(self, t: float, prio: int, item) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, prio, self._seq, item))
+
+    def _arm(self, task) -> None:
+        """(Re)schedule a task's next event; older heap entries for it become stale."""
+        task.token += 1
+        t = task.engine.next_event_s() if isinstance(task, _Engine) else (task.current[2] if task.current else None)
+        if t is not None:
+            self._push(t, _TASK, (task, task.token))
+
+    def run(self) -> SimResult:
+        """Simulate to the end and return the result record."""
+        for ps in self.pipes.values():
+            self._push(ps.spec.arrival_s, _ARRIVE, ps)
+        while self._heap:
+            self.now = self._heap[0][0]
+            while self._heap and self._heap[0][0] <= self.now + EPS:
+                _, _, _, item = heapq.heappop(self._heap)
+                if isinstance(item, _Pipe):
+                    item.arrived = True
+                else:
+                    task, token = item
+                    if token == task.token:
+                        self._on_engine(task) if isinstance(task, _Engine) else self._on_gang(task)
+            self._decide()
+        unfinished = [p for p, ps in self.pipes.items() if not ps.finished]
+        if unfinished:
+            raise SimulationError(
+                f"policy {self.policy.name} ({self.policy.config}) stopped scheduling at t={self.now:.1f}s with "
+                f"pipelines unfinished: {', '.join(unfinished)}"
+            )
+        return SimResult(
+            workload=self.w.name,
+            policy=self.policy.name,
+            config=self.policy.config,
+            num_gpus=self.n,
+            makespan_s=max(ps.finish_s for ps in self.pipes.values()),
+            finish_s={p: ps.finish_s for p, ps in self.pipes.items()},
+            slices=tuple(self.slices),
+            stages=tuple(self.stage_log),
+            generated={p: ps.generated for p, ps in self.pipes.items()},
+            completions={p: ps.completions for p, ps in self.pipes.items()},
+            reprefill_tokens=self.reprefill_tokens + sum(e.engine.reprefill_tokens for e in self.engines),
+            staleness={p: ps.mode.staleness for p, ps in self.pipes.items()},
+        )
+
+    # ---- decisions -------------------------------------------------------------------------------------------
+    def _decide(self) -> None:
+        for _ in range(1000):
+            out: SchedulerOutput = self.policy.schedule(self.snapshot())
+            if not out.actions:
+                return
+            for action in out.actions:
+                self._start(action)
+        raise SimulationError(f"policy {self.policy.name} kept starting stages at t={self.now:.3f}s without end")
+
+    def snapshot(self) -> Snapshot:
+        ready: list[ReadyStage] = []
+        views = []
+        for ps in self.pipes.values():
+            ready += [ReadyStage(ps.spec.name, k, s) for k, s in self._ready(ps)]
+            running = []
+            for g in self.owner:
+                if isinstance(g, _Gang) and g.pipeline == ps.spec.name:
+                    entry = (g.step, g.stage, g.gpus)
+                    if entry not in running:
+                        running.append(entry)
+            engines = [e for e in self.engines if e.pipeline == ps.spec.name]
+            if engines:
+                running.append((-1, ROLLOUT, tuple(sorted(g for e in engines for g in e.gpus))))
+            views.append(
+                PipelineView(
+                    name=ps.spec.name,
+                    index=ps.index,
+                    arrived=ps.arrived,
+                    finished=ps.finished,
+                    version=ps.version,
+                    steps_done=sum(ps.done(k, UPDATE) for k in range(ps.spec.steps)),
+                    running=tuple(running),
+                    rollout_gpus=frozenset(g for e in engines for g in e.gpus),
+                )
+            )
+        return Snapshot(
+            now_s=self.now,
+            num_gpus=self.n,
+            free_gpus=frozenset(i for i, o in enumerate(self.owner) if o is None),
+            ready=tuple(ready),
+            pipelines=tuple(views),
+            last_pipeline=tuple(self.last),
+        )
+
+    def _ready(self, ps: _Pipe) -> list[tuple[int, str]]:
+        if not ps.arrived or ps.finished:
+            return []
+        out = []
+        m, steps = ps.mode, ps.spec.steps
+        k = ps.next_rollout
+        if k < steps:
+            prev_ok = k == 0 or ps.done(k - 1, ROLLOUT) or (m.overlap_rollouts and ps.begun(k - 1, ROLLOUT))
+            if prev_ok and ps.version >= k - m.staleness:
+                out.append((k, ROLLOUT))
+        for j in range(steps):
+            if not ps.begun(j, LOGPROB):
+                rolled = ps.done(j, ROLLOUT) or (m.stream_logprob and ps.begun(j, ROLLOUT))
+                if rolled and (j == 0 or ps.done(j - 1, UPDATE)):
+                    out.append((j, LOGPROB))
+                break
+        for j in range(steps):
+            if not ps.begun(j, UPDATE):
+                if ps.done(j, LOGPROB):
+                    out.append((j, UPDATE))
+                break
+        for j in range(steps - 1):  # the last step publishes no weights: nothing rolls out after it
+            if not ps.begun(j, WEIGHT_SYNC):
+                if ps.done(j, UPDATE):
+                    out.append((j, WEIGHT_SYNC))
+                break
+        return out
+
+    # ---- starting stages -------------------------------------------------------------------------------------
+    def _start(self, a: StartStage) -> None:
+        ps = self.pipes.get(a.pipeline)
+        if ps is None or (a.step, a.stage) not in self._ready(ps):
+            raise SimulationError(f"{self.policy.name}: {a} is not ready at t={self.now:.3f}s")
+        gpus = tuple(sorted(set(a.gpus)))
+        if not gpus or len(gpus) != len(a.gpus) or gpus[0] < 0 or gpus[-1] >= self.n:
+            raise SimulationError(f"{self.policy.name}: {a} names invalid GPUs")
+        ps.status[(a.step, a.stage)] = "running"
+        ps.started[(a.step, a.stage)] = self.now
+        for g in gpus:
+            self.last[g] = a.pipeline
+        if a.stage == ROLLOUT:
+            self._start_rollout(ps, a.step, gpus)
+        else:
+            self._start_gang(ps, a.step, a.stage, gpus)
+
+    def _claim(self, gpus: tuple[int, ...], task, what: StartStage | str) -> None:
+        for g in gpus:
+            if self.owner[g] is not None:
+                raise SimulationError(f"{self.policy.name}: GPU {g} is busy; cannot start {what}")
+            self.owner[g] = task
+
+    def _start_rollout(self, ps: _Pipe, step: int, gpus: tuple[int, ...]) -> None:
+        spec, tp = ps.spec, ps.spec.rollout_tp
+        joined = [e for e in self.engines if e.pipeline == spec.name and set(e.gpus) <= set(gpus)]
+        fresh = [g for g in gpus if not any(g in e.gpus for e in joined)]
+        if joined and not ps.mode.overlap_rollouts:
+            raise SimulationError(f"{self.policy.name}: {spec.name} rollout {step} joins live replicas in a mode without overlap")
+        if len(fresh) % tp:
+            raise SimulationError(f"{self.policy.name}: rollout of {spec.name} needs GPUs in groups of {tp}")
+        engines = list(joined)
+        weight_bytes = rollout_weight_bytes(spec.model) / tp
+        for i in range(0, len(fresh), tp):
+            group = tuple(fresh[i : i + tp])
+            key = (spec.name, "rollout", group)
+            load_s = self._make_resident(group, key, weight_bytes)
+            others = max(sum(b for k, b in self.resident[g].items() if k != key) for g in group)
+            cap = kv_capacity_tokens(spec.model, self.w.cluster.gpu, tp=tp, other_resident_bytes=others)
+            eng = _Engine(spec.name, group, len(self.engines), ReplicaEngine(self.cost, spec.model, tp, cap), key)
+            self._claim(group, eng, f"{spec.name} rollout {step}")
+            if load_s > 0:
+                eng.engine.load_weights(self.now, load_s, interrupt=False)
+            self.engines.append(eng)
+            engines.append(eng)
+        reqs = step_requests(ps.samples[step])
+        ps.remaining[step] = len(reqs)
+        ps.next_rollout = step + 1
+        ps.last_rollout_gpus = len(gpus)
+        for eng, part in zip(engines, assign_least_loaded(reqs, [e.engine.outstanding for e in engines])):
+            if part:
+                eng.engine.submit(part, self.now)
+            self._arm(eng)
+
+    def _start_gang(self, ps: _Pipe, step: int, stage: str, gpus: tuple[int, ...]) -> None:
+        spec, G = ps.spec, len(gpus)
+        key = (spec.name, "train", gpus)
+        samples = ps.samples[step]
+        seq = (samples.prompt_len + samples.response_len).astype(np.int64)
+        streaming = stage == LOGPROB and ps.mode.stream_logprob and not ps.done(step, ROLLOUT)
+        if stage == LOGPROB:
+            nodes = [] if streaming else logprob_nodes(spec, self.cost, step, G, seq)
+        elif stage == UPDATE:
+            nodes = update_nodes(spec, self.cost, step, G, seq)
+        else:
+            same_node = len({g // self.w.cluster.gpus_per_node for g in gpus}) == 1 and (
+                ps.mode.colocated or ps.last_rollout_gpus + G <= self.w.cluster.gpus_per_node
+            )
+            nodes = [
+                weight_sync_node(spec, self.cost, step, G, colocated=ps.mode.colocated,
+                                 rollout_gpus=ps.last_rollout_gpus, same_node=same_node)
+            ]
+        load_s = self._make_resident(gpus, key, train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / G)
+        gang = _Gang(spec.name, step, stage, gpus, deque(), closed=not streaming, key=key)
+        if load_s > 0:
+            gang.nodes.append((SubStage(spec.name, step, stage, "onload", 0, load_s, "load", G, 0.0, Work()), None))
+        gang.nodes.extend((n, None) for n in nodes)
+        self._claim(gpus, gang, f"{spec.name} {stage} {step}")
+        if streaming:
+            ps.stream[step] = [gang, [], 0]
+            self._feed_stream(ps, step)
+        if stage == WEIGHT_SYNC and ps.mode.interrupt_on_update:
+            for e in self.engines:
+                if e.pipeline == spec.name:
+                    e.engine.load_weights(self.now, nodes[0].duration_s, interrupt=True)
+                    self._arm(e)
+        if gang.current is None:
+            self._next_node(gang)
+
+    # ---- memory ----------------------------------------------------------------------------------------------
+    def _pinned(self) -> set:
+        return {t.key for t in self.owner if t is not None and t.key is not None}
+
+    def _make_resident(self, gpus: tuple[int, ...], key: tuple, bytes_per_gpu: float) -> float:
+        """Make ``key`` resident on ``gpus``; return the seconds of host copies it costs (0 if already there)."""
+        if all(key in self.resident[g] for g in gpus):
+            for g in gpus:
+                self.resident[g].move_to_end(key)
+            return 0.0
+        cap, pinned = usable_bytes(self.w.cluster.gpu), self._pinned() | {key}
+        # A pipeline's training state lives on one GPU set: a new set replaces the old (re-sharded from host).
+        if key[1] == "train":
+            for g in range(self.n):
+                for k in [k for k in self.resident[g] if k[:2] == key[:2] and k != key]:
+                    if k in pinned:
+                        raise SimulationError(f"{self.policy.name}: {key[0]} training state is in use on other GPUs")
+                    del self.resident[g][k]
+        evicted = 0.0
+        for g in gpus:
+            res = self.resident[g]
+            while sum(res.values()) + bytes_per_gpu > cap:
+                victim = next((k for k in res if k not in pinned), None)
+                if victim is None:
+                    raise SimulationError(
+                        f"{self.policy.name}: GPU {g} cannot hold {key[0]} {key[1]} state "
+                        f"({bytes_per_gpu / 2**30:.1f} GiB) beside state in use"
+                    )
+                evicted = max(evicted, res[victim])
+                for h in range(self.n):  # a state is evicted from every GPU that holds it
+                    self.resident[h].pop(victim, None)
+            res[key] = bytes_per_gpu
+        return self.cost.host_copy(bytes_per_gpu) + self.cost.host_copy(evicted)
+
+    # ---- running tasks ---------------------------------------------------------------------------------------
+    def _record(self, gpus, node: SubStage, start: float, end: float, ready: float | None = None) -> None:
+        if end > start:
+            self.slices.append(
+                Slice(gpus, start, end, node.pipeline, node.step, node.stage, node.name, node.bound, node.flops, ready)
+            )
+
+    def _on_engine(self, e: _Engine) -> None:
+        done, acts = e.engine.advance(self.now)
+        ps = self.pipes[e.pipeline]
+        for a in acts:
+            step = ps.next_rollout - 1
+            self._record(e.gpus, activity_node(ps.spec, step, e.worker, a, 0.0), a.start_s, a.end_s)
+        for req, t, generated in done:
+            self._sample_done(ps, req.step, req.index, generated, t)
+        if e.engine.busy:
+            self._arm(e)
+        else:
+            self.reprefill_tokens += e.engine.reprefill_tokens
+            self.engines.remove(e)
+            for g in e.gpus:
+                self.owner[g] = None
+
+    def _sample_done(self, ps: _Pipe, step: int, index: int, generated: int, t: float) -> None:
+        ps.generated[step][index] += generated
+        ps.completions[step][index] += 1
+        ps.remaining[step] -= 1
+        if step in ps.stream:
+            s = ps.samples[step]
+            ps.stream[step][1].append((int(s.prompt_len[index] + s.response_len[index]), t))
+        if ps.remaining[step] == 0:
+            self._stage_done(ps, step, ROLLOUT, t)
+        if step in ps.stream:
+            self._feed_stream(ps, step)
+
+    def _feed_stream(self, ps: _Pipe, step: int) -> None:
+        """Turn finished samples into log-prob micro-batches once a micro-batch's worth has arrived (or the
+        rollout is over)."""
+        gang, pending, j = ps.stream[step]
+        budget = len(gang.gpus) * ps.spec.train_micro_batch_tokens
+        over = ps.done(step, ROLLOUT)
+        while pending and (over or sum(n for n, _ in pending) >= budget):
+            lens = np.array([n for n, _ in pending])
+            take = len(micro_batches(lens, budget)[0])
+            batch, pending[:] = pending[:take], pending[take:]
+            ready = max(t for _, t in batch)
+            for n in logprob_nodes(ps.spec, self.cost, step, len(gang.gpus), lens[:take], first_index=j):
+                gang.nodes.append((n, ready))
+            j += 1
+        ps.stream[step][2] = j
+        if over:
+            gang.closed = True
+            del ps.stream[step]
+        if gang.current is None:
+            self._next_node(gang)
+
+    def _next_node(self, gang: _Gang) -> None:
+        if gang.nodes:
+            node, ready = gang.nodes.popleft()
+            gang.current = (node, self.now, self.now + node.duration_s, ready)
+            self._arm(gang)
+        elif gang.closed:
+            gang.current = None
+            for g in gang.gpus:
+                self.owner[g] = None
+            self._stage_done(self.pipes[gang.pipeline], gang.step, gang.stage, self.now)
+        else:
+            gang.current = None
+
+    def _on_gang(self, gang: _Gang) -> None:
+        node, start, end, ready = gang.current
+        self._record(gang.gpus, node, start, end, ready)
+        gang.current = None
+        self._next_node(gang)
+
+    def _stage_done(self, ps: _Pipe, step: int, stage: str, t: float) -> None:
+        ps.status[(step, stage)] = "done"
+        self.stage_log.append(StageRecord(ps.spec.name, step, stage, ps.started[(step, stage)], t))
+        if stage == WEIGHT_SYNC:
+            ps.version += 1
+        if stage == UPDATE and step == ps.spec.steps - 1:
+            ps.finished, ps.finish_s = True, t

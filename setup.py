@@ -1,0 +1,42 @@
+"""jigsaw-verl: JigsawRL pipeline multiplexing as a plugin for verl."""
+
+from setuptools import find_packages, setup
+
+# verl 0.9.1 imports these without declaring them (rollout router, V1 task runner, rollout server).
+VERL_UNDECLARED = [
+    "cachetools>=5",
+    "TransferQueue==0.1.11",
+    "fastapi",
+    "uvicorn",
+    "pyzmq",
+    "msgspec",
+]
+
+setup(
+    name="jigsaw-verl",
+    version="0.1.0",
+    description="Pipeline multiplexing (JigsawRL) for verl recipes: sub-stage graphs, a look-ahead scheduler, "
+    "rollout migration and a cluster simulator.",
+    packages=find_packages(include=["jigsaw_verl", "jigsaw_verl.*", "patches"]),
+    package_data={"jigsaw_verl": ["workloads/*.yaml", "workloads/*.md"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "verl==0.9.1",
+        # A CPU build on CPU machines; GPU clusters install the matching CUDA build of the same version.
+        "torch==2.13.0",
+        "ray==2.60.0",
+        "hydra-core==1.3.8",
+        "numpy==2.4.6",
+        "transformers==5.10.4",
+        "tensordict==0.10.0",
+        "pyyaml>=6",
+        "matplotlib>=3.8",
+        *VERL_UNDECLARED,
+    ],
+    extras_require={
+        # verl's vLLM rollout on GPU machines; it needs a CUDA torch and cannot install on a CPU machine.
+        "gpu": ["vllm"],
+        "dev": ["pytest>=8", "hypothesis>=6", "ruff>=0.6"],
+    },
+    entry_points={"console_scripts": ["jigsaw-verl=jigsaw_verl.cli:main"]},
+)
