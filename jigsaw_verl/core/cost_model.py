@@ -26,13 +26,19 @@ class Efficiency:
 
     Attributes:
         prefill_mfu: fraction of peak FLOP/s reached by prefill (large GEMMs; vLLM reaches 50-60 % on H100).
-        decode_mfu: fraction of peak FLOP/s reached by decode GEMMs when a step is compute-bound.
-        hbm_efficiency: fraction of peak HBM bandwidth reached by memory-bound kernels (about 80 % in practice).
+        decode_mfu: fraction of peak FLOP/s reached by a compute-bound decode step (skinny GEMMs, attention and
+            sampling at batch <= 1024; vLLM serves a 7B model at roughly 10-15k tokens/s per H100).
+        hbm_efficiency: fraction of peak HBM bandwidth reached by streaming weight reads (about 80 % in practice).
+        attention_hbm_efficiency: fraction of peak HBM bandwidth reached by decode attention over a paged KV
+            cache (block gathers; FlashAttention/FlashInfer decode kernels reach 50-70 %).
         decode_step_overhead_s: fixed time per decode step, s (scheduler, sampling, launches; vLLM with CUDA
             graphs spends 1-3 ms per step outside kernels).
+        decode_overhead_per_seq_s: time per live sequence per decode step, s (vLLM's per-request CPU work each
+            step: scheduling, sampling, output processing, verl's agent-loop bookkeeping; 10-30 us).
         tp_allreduce_latency_s: latency of one tensor-parallel all-reduce, s; two per layer per step.
-        logprob_mfu: MFU of log-prob (forward-only) passes in verl's FSDP engine.
-        train_mfu: MFU of forward+backward in verl's FSDP engine.
+        logprob_mfu: MFU of log-prob (forward-only) passes in verl's FSDP engine with sequence packing.
+        train_mfu: MFU of forward+backward in verl's FSDP2 engine with sequence packing and dynamic batch size
+            (35-40 % on H100 for 7B models), before the recompute factor.
         train_recompute_factor: FLOP multiplier of gradient checkpointing (one extra forward: 8N instead of 6N).
         interconnect_efficiency: fraction of NVLink/NIC/PCIe bandwidth reached by collectives and copies.
         micro_batch_overhead_s: fixed time per training or log-prob micro-batch, s (data movement, launches).
@@ -47,12 +53,14 @@ class Efficiency:
     """
 
     prefill_mfu: float = 0.5
-    decode_mfu: float = 0.5
+    decode_mfu: float = 0.35
     hbm_efficiency: float = 0.8
+    attention_hbm_efficiency: float = 0.6
     decode_step_overhead_s: float = 0.002
+    decode_overhead_per_seq_s: float = 2e-5
     tp_allreduce_latency_s: float = 8e-6
-    logprob_mfu: float = 0.35
-    train_mfu: float = 0.3
+    logprob_mfu: float = 0.4
+    train_mfu: float = 0.35
     train_recompute_factor: float = 4.0 / 3.0
     interconnect_efficiency: float = 0.7
     micro_batch_overhead_s: float = 0.03
@@ -82,14 +90,15 @@ class Work:
 
 @dataclass(frozen=True)
 class DecodeCoeffs:
-    """One decode step on a replica: ``max(c_batch*B + c_ctx*S, m_weights + m_ctx*S) + overhead`` seconds,
-    for ``B`` live sequences holding ``S`` context tokens in total."""
+    """One decode step on a replica: ``max(c_batch*B + c_ctx*S, m_weights + m_ctx*S) + overhead +
+    overhead_per_seq*B`` seconds, for ``B`` live sequences holding ``S`` context tokens in total."""
 
     c_batch: float
     c_ctx: float
     m_weights: float
     m_ctx: float
     overhead: float
+    overhead_per_seq: float
 
 
 def _linear_sum(a: float, b: float, lo: int, hi: int) -> float:
@@ -121,14 +130,16 @@ class CostModel:
             c_batch=2.0 * model.params / flops,
             c_ctx=4.0 * model.layers * model.attn_width / flops,
             m_weights=WEIGHT_BYTES_PER_PARAM * model.params / bw,
-            m_ctx=model.kv_bytes_per_token / bw,
+            m_ctx=model.kv_bytes_per_token / (tp * g.hbm_bytes_per_s * e.attention_hbm_efficiency),
             overhead=e.decode_step_overhead_s + (2 * model.layers * e.tp_allreduce_latency_s if tp > 1 else 0.0),
+            overhead_per_seq=e.decode_overhead_per_seq_s,
         )
 
     def decode_step(self, model: ModelSpec, tp: int, batch: int, ctx_tokens: float) -> float:
         """Seconds of one decode step with ``batch`` live sequences and ``ctx_tokens`` context in total."""
         c = self.decode_coeffs(model, tp)
-        return max(c.c_batch * batch + c.c_ctx * ctx_tokens, c.m_weights + c.m_ctx * ctx_tokens) + c.overhead
+        compute, memory = c.c_batch * batch + c.c_ctx * ctx_tokens, c.m_weights + c.m_ctx * ctx_tokens
+        return max(compute, memory) + c.overhead + c.overhead_per_seq * batch
 
     def decode_segment(self, c: DecodeCoeffs, batch: int, ctx0: float, steps: int) -> float:
         """Seconds of ``steps`` decode steps at constant ``batch``, context growing from ``ctx0`` by ``batch``
@@ -152,7 +163,7 @@ class CostModel:
             total = _linear_sum(a, alpha, 0, split) + _linear_sum(m, gamma, split, steps)
         else:
             total = _linear_sum(m, gamma, 0, split) + _linear_sum(a, alpha, split, steps)
-        return total + steps * c.overhead
+        return total + steps * (c.overhead + c.overhead_per_seq * batch)
 
     def decode_steps_until(self, c: DecodeCoeffs, batch: int, ctx0: float, dt: float, max_steps: int) -> int:
         """Fewest steps (>= 1, <= ``max_steps``) whose segment lasts at least ``dt`` seconds: the step in flight

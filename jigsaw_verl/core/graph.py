@@ -101,14 +101,22 @@ def micro_batches(seq_lens: np.ndarray, budget_tokens: int) -> list[np.ndarray]:
 
 
 def logprob_nodes(
-    spec: PipelineSpec, cost: CostModel, step: int, gpus: int, seq_lens: np.ndarray, *, first_index: int = 0,
+    spec: PipelineSpec,
+    cost: CostModel,
+    step: int,
+    gpus: int,
+    seq_lens: np.ndarray,
+    *,
+    first_index: int = 0,
     reward: bool = True,
 ) -> list[SubStage]:
     """Reward, then old (actor), reference and value (critic) forward passes, micro-batch by micro-batch."""
     nodes: list[SubStage] = []
     mem = train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / gpus
     if reward:
-        nodes.append(SubStage(spec.name, step, LOGPROB, "reward", 0, cost.reward(len(seq_lens)), "cpu", gpus, mem, Work()))
+        nodes.append(
+            SubStage(spec.name, step, LOGPROB, "reward", 0, cost.reward(len(seq_lens)), "cpu", gpus, mem, Work())
+        )
     passes = ["old_logprob"] + (["ref_logprob"] if spec.ref_model else []) + (["values"] if spec.critic else [])
     for j, idx in enumerate(micro_batches(seq_lens, gpus * spec.train_micro_batch_tokens), start=first_index):
         lens = seq_lens[idx].astype(float)
@@ -117,7 +125,9 @@ def logprob_nodes(
         work = cost.logprob_work(spec.model, tokens, sum_sq)
         for name in passes:
             flops = cost._flops(spec.model, tokens, sum_sq)
-            nodes.append(SubStage(spec.name, step, LOGPROB, f"{name}/mb{j}", 0, dur, _bound(work), gpus, mem, work, flops))
+            nodes.append(
+                SubStage(spec.name, step, LOGPROB, f"{name}/mb{j}", 0, dur, _bound(work), gpus, mem, work, flops)
+            )
     return nodes
 
 
@@ -125,7 +135,9 @@ def update_nodes(spec: PipelineSpec, cost: CostModel, step: int, gpus: int, seq_
     """Advantage on the driver, then critic and actor updates: each mini-batch's micro-batches, its optimizer
     step folded into its last micro-batch."""
     mem = train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / gpus
-    nodes = [SubStage(spec.name, step, UPDATE, "advantage", 0, cost.reward(len(seq_lens)) / 4, "cpu", gpus, mem, Work())]
+    nodes = [
+        SubStage(spec.name, step, UPDATE, "advantage", 0, cost.reward(len(seq_lens)) / 4, "cpu", gpus, mem, Work())
+    ]
     minis = np.array_split(np.arange(len(seq_lens)), max(1, min(cost.eff.optimizer_steps_per_batch, len(seq_lens))))
     opt = cost.optimizer_step(spec.model, gpus)
     for name in (["critic_update"] if spec.critic else []) + ["actor_update"]:
@@ -138,7 +150,9 @@ def update_nodes(spec: PipelineSpec, cost: CostModel, step: int, gpus: int, seq_
                 dur = cost.train_micro_batch(spec.model, gpus, tokens, sum_sq) + (opt if m == len(mbs) - 1 else 0.0)
                 work = cost.train_work(spec.model, tokens, sum_sq)
                 flops = 3.0 * cost._flops(spec.model, tokens, sum_sq)
-                nodes.append(SubStage(spec.name, step, UPDATE, f"{name}/mb{j}", 0, dur, _bound(work), gpus, mem, work, flops))
+                nodes.append(
+                    SubStage(spec.name, step, UPDATE, f"{name}/mb{j}", 0, dur, _bound(work), gpus, mem, work, flops)
+                )
                 j += 1
     return nodes
 
@@ -176,7 +190,16 @@ def assign_least_loaded(requests: list[Request], load: list[int]) -> list[list[R
 def activity_node(spec: PipelineSpec, step: int, worker: int, act: Activity, mem: float) -> SubStage:
     bound = "comm" if act.kind == "weight_load" else ("compute" if "prefill" in act.kind else _bound(act.work))
     return SubStage(
-        spec.name, step, ROLLOUT, act.kind, worker, act.end_s - act.start_s, bound, spec.rollout_tp, mem, act.work,
+        spec.name,
+        step,
+        ROLLOUT,
+        act.kind,
+        worker,
+        act.end_s - act.start_s,
+        bound,
+        spec.rollout_tp,
+        mem,
+        act.work,
         act.useful_flops,
     )
 
@@ -199,8 +222,17 @@ def rollout_nodes(
                 if chain and chain[-1].name == node.name:
                     prev = chain[-1]
                     node = SubStage(
-                        prev.pipeline, prev.step, ROLLOUT, prev.name, prev.worker, prev.duration_s + node.duration_s,
-                        prev.bound, prev.gpus, mem, prev.work + node.work, prev.flops + node.flops,
+                        prev.pipeline,
+                        prev.step,
+                        ROLLOUT,
+                        prev.name,
+                        prev.worker,
+                        prev.duration_s + node.duration_s,
+                        prev.bound,
+                        prev.gpus,
+                        mem,
+                        prev.work + node.work,
+                        prev.flops + node.flops,
                     )
                     chain[-1] = node
                 else:
@@ -239,8 +271,17 @@ def build_step_graph(
     tail = chain(logprob_nodes(spec, cost, samples.step, train_gpus, seq), tails)
     tail = chain(update_nodes(spec, cost, samples.step, train_gpus, seq), tail)
     chain(
-        [weight_sync_node(spec, cost, samples.step, train_gpus, colocated=colocated, rollout_gpus=rollout_gpus,
-                          same_node=rollout_gpus + (0 if colocated else train_gpus) <= cost.gpus_per_node)],
+        [
+            weight_sync_node(
+                spec,
+                cost,
+                samples.step,
+                train_gpus,
+                colocated=colocated,
+                rollout_gpus=rollout_gpus,
+                same_node=rollout_gpus + (0 if colocated else train_gpus) <= cost.gpus_per_node,
+            )
+        ],
         tail,
     )
     return SubStageGraph(tuple(nodes), tuple(edges))

@@ -118,7 +118,9 @@ class ReplicaEngine:
         """Queue ``requests`` at ``now``; a decode step in flight completes before they are admitted."""
         for r in requests:
             if r.prompt_len + r.response_len > self.kv_capacity:
-                raise ValueError(f"request of {r.prompt_len + r.response_len} tokens exceeds KV capacity {self.kv_capacity}")
+                raise ValueError(
+                    f"request of {r.prompt_len + r.response_len} tokens exceeds KV capacity {self.kv_capacity}"
+                )
             self.queue.append(_Live(r, 0, True))
         self._cut(now)
 

@@ -51,7 +51,9 @@ class PipelineView:
     Attributes:
         name: pipeline name.
         index: position in the workload file.
+        arrival_s: when it joins (or joined) the pool, seconds.
         arrived: whether it has joined the pool.
+        started: whether any of its stages has begun.
         finished: whether all its steps are done.
         version: policy versions published to rollout (weight syncs done).
         steps_done: steps whose update finished.
@@ -61,7 +63,9 @@ class PipelineView:
 
     name: str
     index: int
+    arrival_s: float
     arrived: bool
+    started: bool
     finished: bool
     version: int
     steps_done: int

@@ -275,7 +275,9 @@ def _pipeline(r: _Reader, raw: Any, key: str, cluster: ClusterSpec) -> PipelineS
         response_len=r.lengths(raw["response_len"], f"{key}.response_len", response=True),
         ref_model=r.boolean(raw.get("ref_model", True), f"{key}.ref_model"),
         rollout_tp=r.integer(raw.get("rollout_tp", 1), f"{key}.rollout_tp"),
-        train_micro_batch_tokens=r.integer(raw.get("train_micro_batch_tokens", 16384), f"{key}.train_micro_batch_tokens"),
+        train_micro_batch_tokens=r.integer(
+            raw.get("train_micro_batch_tokens", 16384), f"{key}.train_micro_batch_tokens"
+        ),
         steps=r.integer(raw.get("steps", 20), f"{key}.steps"),
         arrival_s=r.number(raw.get("arrival_s", 0.0), f"{key}.arrival_s", positive=False),
     )

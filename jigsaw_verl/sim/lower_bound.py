@@ -153,5 +153,3 @@ def lower_bound(
         compute_gpu_s=total.compute_s,
         memory_gpu_s=total.memory_s,
     )
-
-

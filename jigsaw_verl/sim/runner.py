@@ -87,8 +87,11 @@ class SimulationReport:
             "workload": self.workload.name,
             "lower_bound_s": self.lower_bound.makespan_s,
             "lower_bound_relaxed_s": self.lower_bound_relaxed.makespan_s,
-            "lower_bound_parts": {"work_s": self.lower_bound.work_s, "chain_s": self.lower_bound.chain_s,
-                                  "chain_pipeline": self.lower_bound.chain_pipeline},
+            "lower_bound_parts": {
+                "work_s": self.lower_bound.work_s,
+                "chain_s": self.lower_bound.chain_s,
+                "chain_pipeline": self.lower_bound.chain_pipeline,
+            },
             "policies": {
                 name: {
                     "config": m.config,
@@ -101,8 +104,11 @@ class SimulationReport:
                     "makespan_over_bound": m.makespan_s / m.lower_bound_s,
                     "reprefill_tokens": m.reprefill_tokens,
                     "pipelines": {
-                        p: {"finish_s": pm.finish_s, "mean_step_s": pm.mean_step_s,
-                            "latency_inflation": pm.latency_inflation}
+                        p: {
+                            "finish_s": pm.finish_s,
+                            "mean_step_s": pm.mean_step_s,
+                            "latency_inflation": pm.latency_inflation,
+                        }
                         for p, pm in m.pipelines.items()
                     },
                 }

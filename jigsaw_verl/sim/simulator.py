@@ -27,6 +27,7 @@ from ..core.cost_model import CostModel, Work
 from ..core.graph import (
     LOGPROB,
     ROLLOUT,
+    STAGES,
     UPDATE,
     WEIGHT_SYNC,
     SubStage,
@@ -291,7 +292,9 @@ class Simulator:
                 PipelineView(
                     name=ps.spec.name,
                     index=ps.index,
+                    arrival_s=ps.spec.arrival_s,
                     arrived=ps.arrived,
+                    started=bool(ps.status),
                     finished=ps.finished,
                     version=ps.version,
                     steps_done=sum(ps.done(k, UPDATE) for k in range(ps.spec.steps)),
@@ -318,6 +321,9 @@ class Simulator:
             prev_ok = k == 0 or ps.done(k - 1, ROLLOUT) or (m.overlap_rollouts and ps.begun(k - 1, ROLLOUT))
             if prev_ok and ps.version >= k - m.staleness:
                 out.append((k, ROLLOUT))
+        # NOTE: the training side (actor/critic/ref worker group) does one thing at a time, as in verl.
+        if any(v == "running" and st != ROLLOUT for (_, st), v in ps.status.items()):
+            return out
         for j in range(steps):
             if not ps.begun(j, LOGPROB):
                 rolled = ps.done(j, ROLLOUT) or (m.stream_logprob and ps.begun(j, ROLLOUT))
@@ -334,7 +340,8 @@ class Simulator:
                 if ps.done(j, UPDATE):
                     out.append((j, WEIGHT_SYNC))
                 break
-        return out
+        # NOTE: step order first, so publishing step k's weights comes before step k+1's log-prob passes.
+        return sorted(out, key=lambda s: (s[0], STAGES.index(s[1])))
 
     # ---- starting stages -------------------------------------------------------------------------------------
     def _start(self, a: StartStage) -> None:
@@ -364,7 +371,9 @@ class Simulator:
         joined = [e for e in self.engines if e.pipeline == spec.name and set(e.gpus) <= set(gpus)]
         fresh = [g for g in gpus if not any(g in e.gpus for e in joined)]
         if joined and not ps.mode.overlap_rollouts:
-            raise SimulationError(f"{self.policy.name}: {spec.name} rollout {step} joins live replicas in a mode without overlap")
+            raise SimulationError(
+                f"{self.policy.name}: {spec.name} rollout {step} joins live replicas in a mode without overlap"
+            )
         if len(fresh) % tp:
             raise SimulationError(f"{self.policy.name}: rollout of {spec.name} needs GPUs in groups of {tp}")
         engines = list(joined)
@@ -388,7 +397,10 @@ class Simulator:
         for eng, part in zip(engines, assign_least_loaded(reqs, [e.engine.outstanding for e in engines])):
             if part:
                 eng.engine.submit(part, self.now)
-            self._arm(eng)
+            if eng.engine.busy:
+                self._arm(eng)
+            else:  # more replicas than requests: this one has nothing to do
+                self._retire(eng)
 
     def _start_gang(self, ps: _Pipe, step: int, stage: str, gpus: tuple[int, ...]) -> None:
         spec, G = ps.spec, len(gpus)
@@ -405,10 +417,19 @@ class Simulator:
                 ps.mode.colocated or ps.last_rollout_gpus + G <= self.w.cluster.gpus_per_node
             )
             nodes = [
-                weight_sync_node(spec, self.cost, step, G, colocated=ps.mode.colocated,
-                                 rollout_gpus=ps.last_rollout_gpus, same_node=same_node)
+                weight_sync_node(
+                    spec,
+                    self.cost,
+                    step,
+                    G,
+                    colocated=ps.mode.colocated,
+                    rollout_gpus=ps.last_rollout_gpus,
+                    same_node=same_node,
+                )
             ]
-        load_s = self._make_resident(gpus, key, train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / G)
+        load_s = self._make_resident(
+            gpus, key, train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / G
+        )
         gang = _Gang(spec.name, step, stage, gpus, deque(), closed=not streaming, key=key)
         if load_s > 0:
             gang.nodes.append((SubStage(spec.name, step, stage, "onload", 0, load_s, "load", G, 0.0, Work()), None))
@@ -477,10 +498,14 @@ class Simulator:
         if e.engine.busy:
             self._arm(e)
         else:
-            self.reprefill_tokens += e.engine.reprefill_tokens
-            self.engines.remove(e)
-            for g in e.gpus:
-                self.owner[g] = None
+            self._retire(e)
+
+    def _retire(self, e: _Engine) -> None:
+        """A replica with nothing left to generate frees its GPUs (its weights stay resident)."""
+        self.reprefill_tokens += e.engine.reprefill_tokens
+        self.engines.remove(e)
+        for g in e.gpus:
+            self.owner[g] = None
 
     def _sample_done(self, ps: _Pipe, step: int, index: int, generated: int, t: float) -> None:
         ps.generated[step][index] += generated

@@ -43,6 +43,8 @@ def format_report(rep: SimulationReport) -> str:
         for name, m in rep.metrics.items()
     ]
     out.append(_rows(header, rows))
-    out.append("(inflation: mean step time over the same pipeline alone on the whole pool under verl-seq; "
-               "'vs bound': makespan over the bound for the staleness the policy uses)")
+    out.append(
+        "(inflation: mean step time over the same pipeline alone on the whole pool under verl-seq; "
+        "'vs bound': makespan over the bound for the staleness the policy uses)"
+    )
     return "\n".join(out)

@@ -22,5 +22,7 @@ def areal(workload: WorkloadSpec) -> list[Policy]:
     return search_disaggregated(
         workload,
         "areal",
-        lambda p: ExecutionMode(staleness=p.max_staleness, overlap_rollouts=True, interrupt_on_update=True, colocated=False),
+        lambda p: ExecutionMode(
+            staleness=p.max_staleness, overlap_rollouts=True, interrupt_on_update=True, colocated=False
+        ),
     )

@@ -16,7 +16,9 @@ from ...core.spec import ClusterSpec, PipelineSpec, WorkloadSpec
 from .placement import Assignment, StaticPlacementPolicy, equal_slices, role_splits
 
 
-def _alone_makespan(spec: PipelineSpec, workload: WorkloadSpec, split: Assignment, mode: ExecutionMode, name: str) -> float:
+def _alone_makespan(
+    spec: PipelineSpec, workload: WorkloadSpec, split: Assignment, mode: ExecutionMode, name: str
+) -> float:
     from ..simulator import Simulator  # the search simulates; imported here to keep module import order flat
 
     gpus = split.rollout + split.train
@@ -51,6 +53,8 @@ def search_disaggregated(
         else:
             parts = ", ".join(f"{p}: {len(a.rollout)}r+{len(a.train)}t" for p, a in assign.items())
             out.append(
-                StaticPlacementPolicy(name, f"{arrangement}; {parts}", assign, modes, sequential=arrangement == "sequential")
+                StaticPlacementPolicy(
+                    name, f"{arrangement}; {parts}", assign, modes, sequential=arrangement == "sequential"
+                )
             )
     return out

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...core.graph import ROLLOUT
 from ...core.memory import kv_capacity_tokens, min_train_gpus, rollout_weight_bytes, train_state_bytes, usable_bytes
 from ...core.scheduling import ExecutionMode, ReadyStage, SchedulerOutput, Snapshot, StartStage
-from ...core.graph import ROLLOUT
 from ...core.spec import PipelineSpec, WorkloadSpec
 
 
@@ -60,16 +60,13 @@ def role_splits(spec: PipelineSpec, workload: WorkloadSpec, gpus: tuple[int, ...
     """Every split of ``gpus`` into rollout GPUs (first, a multiple of the TP size) and training GPUs (enough
     for the training state)."""
     need, tp = min_train(spec, workload), spec.rollout_tp
-    return [
-        Assignment(gpus[:r], gpus[r:])
-        for r in range(tp, len(gpus) - need + 1, tp)
-    ]
+    return [Assignment(gpus[:r], gpus[r:]) for r in range(tp, len(gpus) - need + 1, tp)]
 
 
 class StaticPlacementPolicy:
     """Each pipeline's stages go to fixed GPUs; a stage starts as soon as its GPUs are free.
 
-    With ``sequential`` only one pipeline runs at a time (the earliest arrival first, to completion).
+    With ``sequential`` only one pipeline runs at a time: the earliest arrival first, to completion.
 
     Args:
         name: registry name.
@@ -79,8 +76,15 @@ class StaticPlacementPolicy:
         sequential: run pipelines one after another.
     """
 
-    def __init__(self, name: str, config: str, assignments: dict[str, Assignment], modes: dict[str, ExecutionMode],
-                 *, sequential: bool):
+    def __init__(
+        self,
+        name: str,
+        config: str,
+        assignments: dict[str, Assignment],
+        modes: dict[str, ExecutionMode],
+        *,
+        sequential: bool,
+    ):
         self.name, self.config = name, config
         self.assignments, self.modes, self.sequential = assignments, modes, sequential
 
@@ -92,7 +96,8 @@ class StaticPlacementPolicy:
         views = {v.name: v for v in snapshot.pipelines}
         allowed = {v.name for v in snapshot.pipelines if v.arrived and not v.finished}
         if self.sequential and allowed:
-            allowed = {min(allowed, key=lambda p: views[p].index)}
+            # The job already running keeps the pool; otherwise the earliest arrival starts.
+            allowed = {min(allowed, key=lambda p: (not views[p].started, views[p].arrival_s, views[p].index))}
         actions = []
         for r in snapshot.ready:
             if r.pipeline not in allowed:

@@ -1,0 +1,113 @@
+"""Calibration: does the ``verl`` baseline put rollout where public verl runs put it?
+
+Two single-pipeline workloads on 8 x H100-80G, each simulated under ``verl`` (alone, the pool to itself):
+
+- GSM8K-like: Qwen2.5-7B GRPO as in verl's GSM8K GRPO example (train_batch_size 1024 prompts, rollout.n 5,
+  rollout TP 2, max prompt 512, max response 1024), prompts ~93 tokens, responses mean ~230 tokens.
+  Public reference: verl's performance-tuning report of this setting, generation 26.7 s of a 114.8 s step
+  (23 %).
+- DAPO-like long CoT: Qwen2.5-7B, verl's DAPO recipe batch (512 prompts x 16 responses), rollout TP 2, max
+  response 20480, log-normal lengths with p99 ~ 10x the median and a few percent at the cap. Reference:
+  rollout is 45-70 % of a long-CoT step (PAPER.md), so the target is 45 %.
+
+Usage: ``python scripts/calibrate.py [--steps N] [--json F]``. Prints each rollout share beside its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from jigsaw_verl.core.cost_model import CostModel
+from jigsaw_verl.core.graph import ROLLOUT
+from jigsaw_verl.core.spec import workload_from_dict
+from jigsaw_verl.sim.policies import POLICIES
+from jigsaw_verl.sim.simulator import Simulator
+
+TOLERANCE_POINTS = 10.0
+
+
+def calibration_workloads(steps: int) -> dict[str, tuple[dict, float]]:
+    common = {
+        "model": "qwen2.5-7b",
+        "algorithm": "grpo",
+        "mode": "sync",
+        "ref_model": True,
+        "rollout_tp": 2,
+        "steps": steps,
+    }
+    gsm8k = {
+        "name": "calib-gsm8k-qwen2.5-7b-8xh100",
+        "cluster": {"gpu": "H100-80G", "num_gpus": 8},
+        "pipelines": [
+            dict(
+                common,
+                name="gsm8k",
+                batch_prompts=1024,
+                group_size=5,
+                prompt_len={"median": 90, "p99": 180, "max": 512},
+                response_len={"median": 210, "p99": 650, "max": 1024, "group_corr": 0.5, "drift": 0.0},
+                train_micro_batch_tokens=16384,
+            )
+        ],
+    }
+    dapo = {
+        "name": "calib-dapo-qwen2.5-7b-8xh100",
+        "cluster": {"gpu": "H100-80G", "num_gpus": 8},
+        "pipelines": [
+            dict(
+                common,
+                name="dapo",
+                batch_prompts=512,
+                group_size=16,
+                prompt_len={"median": 150, "p99": 600, "max": 2048},
+                response_len={"median": 2500, "p99": 25000, "max": 20480, "group_corr": 0.6, "drift": 0.0},
+                train_micro_batch_tokens=24576,
+            )
+        ],
+    }
+    return {"gsm8k": (gsm8k, 23.0), "dapo": (dapo, 45.0)}
+
+
+def rollout_share(workload_dict: dict) -> dict:
+    w = workload_from_dict(workload_dict, workload_dict["name"])
+    (policy,) = POLICIES.get("verl-seq")(w)
+    r = Simulator(w, policy, CostModel(w.cluster.gpu)).run()
+    per_stage: dict[str, float] = {}
+    for s in r.stages:
+        per_stage[s.stage] = per_stage.get(s.stage, 0.0) + s.end_s - s.start_s
+    steps = w.pipelines[0].steps
+    return {
+        "step_s": r.makespan_s / steps,
+        "rollout_s": per_stage[ROLLOUT] / steps,
+        "rollout_share_pct": 100.0 * per_stage[ROLLOUT] / r.makespan_s,
+        "stage_s": {k: v / steps for k, v in per_stage.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=3, help="steps to simulate per workload (default 3)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    out, ok = {}, True
+    for name, (wd, target) in calibration_workloads(args.steps).items():
+        fig = rollout_share(wd)
+        fig["target_pct"] = target
+        fig["within_tolerance"] = abs(fig["rollout_share_pct"] - target) <= TOLERANCE_POINTS
+        ok &= fig["within_tolerance"]
+        out[name] = fig
+        stages = ", ".join(f"{k} {v:.1f} s" for k, v in fig["stage_s"].items())
+        print(
+            f"{name:6s} step {fig['step_s']:7.1f} s  rollout {fig['rollout_s']:7.1f} s  share "
+            f"{fig['rollout_share_pct']:5.1f} %  (target {target:.0f} % +- {TOLERANCE_POINTS:.0f})  [{stages}]"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

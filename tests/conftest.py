@@ -1,0 +1,45 @@
+"""Shared helpers: small workloads built in code (the bundled files are tested as files)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from jigsaw_verl.core.spec import workload_from_dict
+
+TINY_MODEL = {"params_b": 0.5, "layers": 8, "hidden": 1024, "kv_heads": 4, "head_dim": 128}
+
+
+def tiny_pipeline(name: str, **over) -> dict:
+    p = {
+        "name": name,
+        "model": TINY_MODEL,
+        "algorithm": "grpo",
+        "mode": "sync",
+        "batch_prompts": 4,
+        "group_size": 2,
+        "prompt_len": {"median": 60, "p99": 200, "max": 256},
+        "response_len": {"median": 150, "p99": 900, "max": 1024, "group_corr": 0.5, "drift": 0.02},
+        "ref_model": True,
+        "train_micro_batch_tokens": 2048,
+        "steps": 3,
+    }
+    p.update(over)
+    return p
+
+
+def tiny_workload_dict(num_gpus: int = 4, pipelines: list[dict] | None = None, **over) -> dict:
+    d = {
+        "name": "tiny",
+        "seed": 0,
+        "cluster": {"gpu": "H100-80G", "num_gpus": num_gpus, "gpus_per_node": min(8, num_gpus)},
+        "pipelines": pipelines or [tiny_pipeline("a"), tiny_pipeline("b", algorithm="ppo", group_size=1)],
+    }
+    d.update(over)
+    return copy.deepcopy(d)
+
+
+@pytest.fixture
+def tiny_workload():
+    return workload_from_dict(tiny_workload_dict(), "tiny.yaml")

@@ -1,0 +1,63 @@
+"""Validity checks of a simulated schedule, shared by the simulator and lower-bound tests."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from jigsaw_verl.core.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
+from jigsaw_verl.core.lengths import sample_steps
+from jigsaw_verl.core.spec import WorkloadSpec
+from jigsaw_verl.sim.simulator import SimResult
+
+EPS = 1e-7
+
+
+def check_tokens_exactly_once(w: WorkloadSpec, r: SimResult) -> None:
+    for p in w.pipelines:
+        for k, s in enumerate(sample_steps(p, w.seed)):
+            np.testing.assert_array_equal(r.generated[p.name][k], s.response_len, err_msg=f"{r.policy} {p.name} {k}")
+            assert (r.completions[p.name][k] == 1).all(), f"{r.policy}: {p.name} step {k} finished twice or never"
+
+
+def check_no_gpu_oversubscribed(r: SimResult) -> None:
+    per_gpu = defaultdict(list)
+    for s in r.slices:
+        for g in s.gpus:
+            per_gpu[g].append((s.start_s, s.end_s, s.pipeline, s.stage))
+    for g, spans in per_gpu.items():
+        spans.sort()
+        for a, b in zip(spans, spans[1:]):
+            assert b[0] >= a[1] - EPS, f"{r.policy}: GPU {g} runs {a} and {b} at once"
+        assert max(e for _, e, _, _ in spans) <= r.makespan_s + EPS
+
+
+def check_dependencies(w: WorkloadSpec, r: SimResult) -> None:
+    st = {(s.pipeline, s.step, s.stage): s for s in r.stages}
+    for p in w.pipelines:
+        s_max = r.staleness[p.name]
+        assert st[(p.name, 0, ROLLOUT)].start_s >= p.arrival_s - EPS
+        for k in range(p.steps):
+            roll, lp, up = (st[(p.name, k, x)] for x in (ROLLOUT, LOGPROB, UPDATE))
+            assert up.start_s >= lp.end_s - EPS and up.start_s >= roll.end_s - EPS
+            assert lp.end_s >= roll.end_s - EPS
+            if k:
+                assert lp.start_s >= st[(p.name, k - 1, UPDATE)].end_s - EPS
+            if k - 1 - s_max >= 0:  # rollout k needs weights of version k - staleness
+                assert roll.start_s >= st[(p.name, k - 1 - s_max, WEIGHT_SYNC)].end_s - EPS
+            if lp.start_s < roll.end_s - EPS:  # streamed: each log-prob micro-batch after its samples
+                mbs = [
+                    s
+                    for s in r.slices
+                    if (s.pipeline, s.step, s.stage) == (p.name, k, LOGPROB) and s.inputs_ready_s is not None
+                ]
+                assert mbs, f"{r.policy}: {p.name} log-prob {k} began before its rollout ended without streaming"
+                assert all(s.start_s >= s.inputs_ready_s - EPS for s in mbs)
+        assert r.finish_s[p.name] == st[(p.name, p.steps - 1, UPDATE)].end_s
+
+
+def check_all(w: WorkloadSpec, r: SimResult) -> None:
+    check_tokens_exactly_once(w, r)
+    check_no_gpu_oversubscribed(r)
+    check_dependencies(w, r)

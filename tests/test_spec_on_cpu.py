@@ -1,0 +1,125 @@
+"""Workload files: the bundled ones load; bad ones get one line naming file and key, exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import tiny_pipeline, tiny_workload_dict
+
+from jigsaw_verl.core.spec import SpecError, workload_from_dict
+from jigsaw_verl.sim.workload_file import bundled_workloads, load_workload
+
+
+def test_bundled_workloads_load():
+    names = [load_workload(f).name for f in bundled_workloads()]
+    assert names == ["gsm8k-qwen3-4b-x2-8xh100", "hetero-mixed-16xa100", "longcot-qwen3-4b-x2-8xh100"]
+    hetero = load_workload(bundled_workloads()[1])
+    assert hetero.pipeline("mid-async").rollout_tp == 2 and hetero.pipeline("ppo-critic").critic
+
+
+def test_defaults_fill_optional_keys():
+    d = tiny_workload_dict()
+    for k in ("algorithm", "mode", "ref_model", "steps"):
+        del d["pipelines"][0][k]
+    p = workload_from_dict(d).pipelines[0]
+    assert (p.algorithm, p.mode, p.ref_model, p.steps, p.arrival_s, p.rollout_tp) == ("grpo", "sync", True, 20, 0.0, 1)
+
+
+def _bad(mutate) -> dict:
+    d = tiny_workload_dict()
+    mutate(d)
+    return d
+
+
+BAD = {
+    "unknown key": (lambda d: d["pipelines"][0].update(temperature=1.0), "pipelines[0].temperature", "unknown key"),
+    "unknown top key": (lambda d: d.update(gpus=8), "gpus", "unknown key"),
+    "zero size": (lambda d: d["pipelines"][0].update(batch_prompts=0), "pipelines[0].batch_prompts", "must be >= 1"),
+    "negative gpus": (lambda d: d["cluster"].update(num_gpus=-8), "cluster.num_gpus", "must be >= 1"),
+    "negative median": (
+        lambda d: d["pipelines"][1]["response_len"].update(median=-5),
+        "pipelines[1].response_len.median",
+        "> 0",
+    ),
+    "p99 below median": (
+        lambda d: d["pipelines"][0]["response_len"].update(p99=100),
+        "pipelines[0].response_len.p99",
+        "below the median",
+    ),
+    "model too big": (lambda d: d["pipelines"][0].update(model="qwen3-32b"), "pipelines[0].model", "does not fit"),
+    "kv too big": (
+        lambda d: (
+            d["pipelines"][0].update(
+                model={"params_b": 60, "layers": 80, "hidden": 8192, "kv_heads": 64, "head_dim": 128},
+                response_len={"median": 5000, "p99": 20000, "max": 60000},
+                train_micro_batch_tokens=70000,
+            )
+            or d["cluster"].update(num_gpus=16, gpus_per_node=8)
+        ),
+        "pipelines[0].rollout_tp",
+        "does not fit",
+    ),
+    "repeated name": (lambda d: d["pipelines"][1].update(name="a"), "pipelines[1].name", "repeated"),
+    "unknown model": (lambda d: d["pipelines"][0].update(model="gpt-9"), "pipelines[0].model", "unknown model"),
+    "unknown gpu": (lambda d: d["cluster"].update(gpu="V100"), "cluster.gpu", "unknown GPU"),
+    "staleness on sync": (lambda d: d["pipelines"][0].update(max_staleness=2), "pipelines[0].max_staleness", "async"),
+    "bad tp": (lambda d: d["pipelines"][0].update(rollout_tp=3), "pipelines[0].rollout_tp", "must divide"),
+    "no pipelines": (lambda d: d.update(pipelines=[]), "pipelines", "non-empty"),
+    "string size": (lambda d: d["pipelines"][0].update(steps="ten"), "pipelines[0].steps", "integer"),
+    "missing model": (lambda d: d["pipelines"][0].pop("model"), "pipelines[0].model", "required"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_names_key_and_problem(case):
+    mutate, key, problem = BAD[case]
+    with pytest.raises(SpecError) as err:
+        workload_from_dict(_bad(mutate), "w.yaml")
+    assert err.value.key == key
+    assert problem in err.value.problem
+    assert str(err.value).startswith(f"w.yaml: {key}: ")
+
+
+def test_too_many_pipelines():
+    d = tiny_workload_dict(pipelines=[tiny_pipeline(f"p{i}") for i in range(65)])
+    with pytest.raises(SpecError, match="at most 64"):
+        workload_from_dict(d)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "jigsaw_verl.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("case", ["unknown key", "p99 below median", "model too big", "repeated name", "zero size"])
+def test_cli_bad_file_one_line_exit_2(tmp_path, case):
+    mutate, key, _ = BAD[case]
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(_bad(mutate)))
+    r = _cli("simulate", str(f), "--json", str(tmp_path / "out.json"))
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert str(f) in lines[0] and key in lines[0]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out.json").exists() or (tmp_path / "out.json").read_text() == ""
+
+
+def test_cli_missing_file_and_bad_yaml(tmp_path):
+    r = _cli("simulate", str(tmp_path / "nope.yaml"))
+    assert r.returncode == 2 and "nope.yaml" in r.stderr and "cannot read" in r.stderr
+    f = tmp_path / "broken.yaml"
+    f.write_text("name: [unclosed\n")
+    r = _cli("simulate", str(f))
+    assert r.returncode == 2 and "not valid YAML" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_unknown_and_reserved_policy(tmp_path):
+    f = bundled_workloads()[0]
+    r = _cli("simulate", str(f), "--policies", "verl,nosuch")
+    assert r.returncode == 2 and "nosuch" in r.stderr and "verl-seq" in r.stderr
+    r = _cli("simulate", str(f), "--policies", "jigsaw")
+    assert r.returncode == 2 and "reserved" in r.stderr
