@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install clean
 
 install: $(STAMP)
 
@@ -20,10 +20,9 @@ demo: $(STAMP)
 	$(PY) -m jigsaw_verl.cli demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
-
-lint: $(STAMP)
 	$(VENV)/bin/ruff check jigsaw_verl tests scripts patches
+	$(VENV)/bin/ruff format --check jigsaw_verl tests scripts patches
+	$(PY) -m pytest -q tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
