@@ -189,16 +189,16 @@ class CostModel:
         return self._pass(model, tp, tokens, sum_sq, self.eff.prefill_mfu, 1.0) + self.eff.decode_step_overhead_s
 
     def prefill_work(self, model: ModelSpec, tokens: float, sum_sq: float) -> Work:
-        return Work(compute_s=self._flops(model, tokens, sum_sq) / (self.gpu.bf16_flops * self.eff.prefill_mfu))
+        return Work(compute_s=self.forward_flops(model, tokens, sum_sq) / (self.gpu.bf16_flops * self.eff.prefill_mfu))
 
     # ---- training side ---------------------------------------------------------------------------------------
     @staticmethod
-    def _flops(model: ModelSpec, tokens: float, sum_sq: float) -> float:
+    def forward_flops(model: ModelSpec, tokens: float, sum_sq: float) -> float:
         """Forward FLOPs: 2N per token plus causal attention, 2 * layers * width * len^2 per sequence."""
         return 2.0 * model.params * tokens + 2.0 * model.layers * model.attn_width * sum_sq
 
     def _pass(self, model: ModelSpec, gpus: int, tokens: float, sum_sq: float, mfu: float, mult: float) -> float:
-        flop_t = mult * self._flops(model, tokens, sum_sq) / (gpus * self.gpu.bf16_flops * mfu)
+        flop_t = mult * self.forward_flops(model, tokens, sum_sq) / (gpus * self.gpu.bf16_flops * mfu)
         byte_t = WEIGHT_BYTES_PER_PARAM * model.params / (gpus * self.gpu.hbm_bytes_per_s * self.eff.hbm_efficiency)
         return max(flop_t, byte_t)
 
@@ -231,11 +231,13 @@ class CostModel:
         return 2 * TRAIN_BYTES_PER_PARAM * model.params / (gpus * self.gpu.hbm_bytes_per_s * self.eff.hbm_efficiency)
 
     def logprob_work(self, model: ModelSpec, tokens: float, sum_sq: float) -> Work:
-        return Work(compute_s=self._flops(model, tokens, sum_sq) / (self.gpu.bf16_flops * self.eff.logprob_mfu))
+        return Work(compute_s=self.forward_flops(model, tokens, sum_sq) / (self.gpu.bf16_flops * self.eff.logprob_mfu))
 
     def train_work(self, model: ModelSpec, tokens: float, sum_sq: float) -> Work:
         mult = 3.0 * self.eff.train_recompute_factor
-        return Work(compute_s=mult * self._flops(model, tokens, sum_sq) / (self.gpu.bf16_flops * self.eff.train_mfu))
+        return Work(
+            compute_s=mult * self.forward_flops(model, tokens, sum_sq) / (self.gpu.bf16_flops * self.eff.train_mfu)
+        )
 
     def reward(self, samples: int) -> float:
         """Seconds of rule-based reward on the driver CPU (no GPU work)."""

@@ -124,7 +124,7 @@ def logprob_nodes(
         dur = cost.logprob_micro_batch(spec.model, gpus, tokens, sum_sq)
         work = cost.logprob_work(spec.model, tokens, sum_sq)
         for name in passes:
-            flops = cost._flops(spec.model, tokens, sum_sq)
+            flops = cost.forward_flops(spec.model, tokens, sum_sq)
             nodes.append(
                 SubStage(spec.name, step, LOGPROB, f"{name}/mb{j}", 0, dur, _bound(work), gpus, mem, work, flops)
             )
@@ -149,7 +149,7 @@ def update_nodes(spec: PipelineSpec, cost: CostModel, step: int, gpus: int, seq_
                 tokens, sum_sq = float(lens.sum()), float((lens * lens).sum())
                 dur = cost.train_micro_batch(spec.model, gpus, tokens, sum_sq) + (opt if m == len(mbs) - 1 else 0.0)
                 work = cost.train_work(spec.model, tokens, sum_sq)
-                flops = 3.0 * cost._flops(spec.model, tokens, sum_sq)
+                flops = 3.0 * cost.forward_flops(spec.model, tokens, sum_sq)
                 nodes.append(
                     SubStage(spec.name, step, UPDATE, f"{name}/mb{j}", 0, dur, _bound(work), gpus, mem, work, flops)
                 )
