@@ -22,15 +22,27 @@ def check_tokens_exactly_once(w: WorkloadSpec, r: SimResult) -> None:
 
 
 def check_no_gpu_oversubscribed(r: SimResult) -> None:
+    """At no time do the SM shares leased on a GPU sum above 1 (exclusive slices count 1: no overlap at all)."""
     per_gpu = defaultdict(list)
     for s in r.slices:
-        for g in s.gpus:
-            per_gpu[g].append((s.start_s, s.end_s, s.pipeline, s.stage))
-    for g, spans in per_gpu.items():
-        spans.sort()
-        for a, b in zip(spans, spans[1:]):
-            assert b[0] >= a[1] - EPS, f"{r.policy}: GPU {g} runs {a} and {b} at once"
-        assert max(e for _, e, _, _ in spans) <= r.makespan_s + EPS
+        for i, g in enumerate(s.gpus):
+            share = s.sm_shares[i] if s.sm_shares else 1.0
+            per_gpu[g].append((s.start_s, share, s.pipeline, s.stage))
+            per_gpu[g].append((s.end_s - EPS, -share, s.pipeline, s.stage))
+    for g, events in per_gpu.items():
+        events.sort(key=lambda e: (e[0], e[1]))  # ends (negative) before starts at the same instant
+        used = 0.0
+        for t, d, p, st in events:
+            used += d
+            assert used <= 1.0 + 1e-6, f"{r.policy}: GPU {g} is leased {used:.3f} of its SMs at t={t:.3f} ({p} {st})"
+        assert max(t for t, _, _, _ in events) <= r.makespan_s + EPS
+
+
+def check_migrations(r: SimResult) -> None:
+    """Sources and targets of every migration are disjoint and each GPU appears once per migration."""
+    for m in r.migrations:
+        assert not set(m.sources) & set(m.targets), m
+        assert len(set(m.sources)) == len(m.sources) and m.requests >= 0
 
 
 def check_dependencies(w: WorkloadSpec, r: SimResult) -> None:
@@ -61,3 +73,4 @@ def check_all(w: WorkloadSpec, r: SimResult) -> None:
     check_tokens_exactly_once(w, r)
     check_no_gpu_oversubscribed(r)
     check_dependencies(w, r)
+    check_migrations(r)

@@ -129,6 +129,39 @@ class ReplicaEngine:
         self.queue.append(_Live(request, generated, True))
         self._cut(now)
 
+    def abort(self, now: float) -> tuple[list[tuple[Request, int]], list[Activity]]:
+        """Stop at ``now`` and hand back every request with the tokens it has so far, live ones first, then the
+        queue (the migration path: the caller resumes them elsewhere with :meth:`resume`). Decode steps completed
+        by ``now`` count; a step, prefill or weight load in flight is lost, its time spent. The replica is left
+        empty.
+
+        Returns:
+            ``(request, tokens generated so far)`` per request, and the activities completed or cut short.
+        """
+        acts: list[Activity] = []
+        if self._act is not None:
+            kind, start, end, payload = self._act
+            if kind.startswith("decode"):
+                steps, _ = payload
+                batch, ctx0 = len(self.live), self._ctx()
+                n = self.cost.decode_steps_until(self.coeffs, batch, ctx0, now - start, steps)
+                if self.cost.decode_segment(self.coeffs, batch, ctx0, n) > now - start + 1e-12:
+                    n -= 1  # the step in flight at ``now`` is lost
+                if n > 0:
+                    dur = self.cost.decode_segment(self.coeffs, batch, ctx0, n)
+                    work = self.cost.decode_work(self.coeffs, self.tp, n, batch * n, n * ctx0 + batch * n * (n - 1) / 2)
+                    for s in self.live:
+                        s.generated += n
+                    self.generated_tokens += n * batch
+                    flops = 2.0 * self.model.params * n * batch
+                    acts.append(Activity(kind, start, start + dur, batch, n * batch, work, flops))
+            elif now > start:
+                acts.append(Activity(f"{kind}(aborted)", start, now, 0, 0, Work(), 0.0))
+        out = [(s.req, s.generated) for s in self.live] + [(s.req, s.generated) for s in self.queue]
+        self.live, self.queue, self.kv_reserved, self._act, self._pending_load = [], deque(), 0, None, None
+        self.clock = max(self.clock, now)
+        return out, acts
+
     def load_weights(self, now: float, duration_s: float, *, interrupt: bool) -> None:
         """Pause for a weight update of ``duration_s`` after the step in flight; with ``interrupt`` every live
         sequence is re-prefilled under the new weights afterwards (AReaL's interruptible rollout)."""
@@ -144,9 +177,31 @@ class ReplicaEngine:
         return bool(self.live or self.queue or self._act is not None)
 
     @property
+    def context_tokens(self) -> int:
+        """Prompt + generated tokens of the live sequences (the KV they hold now)."""
+        return int(self._ctx())
+
+    @property
+    def live_generated(self) -> int:
+        """Tokens generated so far by the live sequences."""
+        return sum(s.generated for s in self.live)
+
+    @property
+    def live_count(self) -> int:
+        return len(self.live)
+
+    @property
     def outstanding(self) -> int:
         """Live plus queued requests (what a least-loaded balancer looks at)."""
         return len(self.live) + len(self.queue)
+
+    def current_load(self) -> tuple[Work, float]:
+        """Resource seconds and duration of the activity in flight (``(Work(), 0.0)`` when idle or loading), for
+        the co-location speed model."""
+        if self._act is None or self._act[0] == "weight_load":
+            return Work(), 0.0
+        kind, start, end, payload = self._act
+        return payload[1], end - start
 
     def next_event_s(self) -> float | None:
         """When the current activity ends, or ``None`` when idle."""

@@ -1,8 +1,9 @@
 """The scheduling interface: immutable snapshots in, immutable plans out.
 
 Executors (the simulator, later the live runtime) call :meth:`Policy.schedule` whenever something changed: a
-stage became ready, GPUs were freed, a pipeline arrived. The policy sees a :class:`Snapshot` and returns a
-:class:`SchedulerOutput` listing what to start where. It never mutates the snapshot, reads a clock or does I/O,
+stage became ready, GPUs were freed, a request finished, a pipeline arrived. The policy sees a :class:`Snapshot`
+and returns a :class:`SchedulerOutput` listing what to start where (:class:`StartStage`, exclusively or
+co-located with a share of each GPU) and which rollout replicas to merge (:class:`Migrate`). It never mutates the snapshot, reads a clock or does I/O,
 so the same policy object runs in simulation and live. Policies that search configurations (splits, orders)
 fix them at construction, from the workload alone.
 """
@@ -74,6 +75,74 @@ class PipelineView:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReplicaView:
+    """One live rollout replica (what the migration planner looks at).
+
+    Attributes:
+        replica: the executor's id of the replica, unique within a run.
+        pipeline: pipeline name.
+        step: the step whose requests it generates (the latest, when rollouts overlap).
+        gpus: its tensor-parallel group.
+        live: sequences admitted and not finished.
+        queued: requests waiting for admission.
+        context_tokens: prompt + generated tokens of the live sequences (the KV they hold).
+        generated_tokens: tokens generated so far by the live sequences.
+        started_s: when the replica started, seconds.
+    """
+
+    replica: int
+    pipeline: str
+    step: int
+    gpus: tuple[int, ...]
+    live: int
+    queued: int
+    context_tokens: int
+    generated_tokens: int
+    started_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """A running sub-stage's hold on one GPU.
+
+    Attributes:
+        pipeline: pipeline name.
+        stage: stage name.
+        sm_share: fraction of the GPU's SMs leased, (0, 1].
+        replica: the replica id for rollout leases, else ``None``.
+    """
+
+    pipeline: str
+    stage: str
+    sm_share: float
+    replica: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageTiming:
+    """A finished stage, as the predictor learns from it.
+
+    Attributes:
+        pipeline: pipeline name.
+        step: step index.
+        stage: stage name.
+        start_s: begin, seconds.
+        end_s: end, seconds.
+        gpus: GPUs it started on.
+        finish_offsets_s: rollout only: when each response finished, seconds after ``start_s``, sorted (the
+            live-batch curve of the step: live(t) = responses - #offsets <= t).
+    """
+
+    pipeline: str
+    step: int
+    stage: str
+    start_s: float
+    end_s: float
+    gpus: int
+    finish_offsets_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Snapshot:
     """The state a policy decides on.
 
@@ -84,6 +153,11 @@ class Snapshot:
         ready: stages that can start now, in (pipeline index, step, stage) order.
         pipelines: one view per pipeline, in workload order.
         last_pipeline: per GPU, the pipeline whose stage ran there last (``None`` if never used).
+        leases: per GPU, the leases on it (empty when free; at most two, SM shares summing to at most 1).
+        free_bytes: per GPU, device memory not held by running sub-stages (idle resident state counts as free:
+            it can be evicted), bytes.
+        replicas: live rollout replicas, by id.
+        history: finished stages, oldest first (the executor may keep only the last few steps per pipeline).
     """
 
     now_s: float
@@ -92,27 +166,63 @@ class Snapshot:
     ready: tuple[ReadyStage, ...]
     pipelines: tuple[PipelineView, ...]
     last_pipeline: tuple[str | None, ...]
+    leases: tuple[tuple[Lease, ...], ...] = ()
+    free_bytes: tuple[float, ...] = ()
+    replicas: tuple[ReplicaView, ...] = ()
+    history: tuple[StageTiming, ...] = ()
 
 
 @dataclass(frozen=True)
 class StartStage:
-    """Start ``stage`` of ``pipeline``'s ``step`` on ``gpus`` (exclusively)."""
+    """Start ``stage`` of ``pipeline``'s ``step`` on ``gpus``.
+
+    Attributes:
+        pipeline: pipeline name.
+        step: step index.
+        stage: stage name.
+        gpus: GPU indices.
+        sm_share: SM share it leases on each of its GPUs, (0, 1]. 1 means exclusive (every GPU must be free).
+            Below 1 it may join a GPU held by one other sub-stage, whose lease there shrinks to ``1 - sm_share``
+            (Green Contexts / MPS are re-created between kernels); memory must fit both.
+    """
 
     pipeline: str
     step: int
     stage: str
     gpus: tuple[int, ...]
+    sm_share: float = 1.0
+
+
+@dataclass(frozen=True)
+class Migrate:
+    """Merge a pipeline's rollout replicas: abort every request on ``sources`` and resume each on one of
+    ``targets`` (least outstanding first), re-prefilling prompt + tokens so far; the sources free their GPUs.
+
+    Attributes:
+        pipeline: pipeline name.
+        sources: replica ids to empty and free (k - m of them).
+        targets: replica ids that take the requests (m of them, disjoint from ``sources``).
+    """
+
+    pipeline: str
+    sources: tuple[int, ...]
+    targets: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """The plan for this decision point: stages to start, in order. Empty means wait."""
+    """The plan for this decision point: actions applied in order. Empty means wait."""
 
-    actions: tuple[StartStage, ...] = ()
+    actions: tuple[StartStage | Migrate, ...] = ()
 
 
 class Policy(Protocol):
-    """A scheduling policy. ``name`` is its registry name; ``config`` describes the fixed choices it made."""
+    """A scheduling policy. ``name`` is its registry name; ``config`` describes the fixed choices it made.
+
+    A policy that reads the snapshot's ``leases``, ``free_bytes``, ``replicas`` or ``history`` sets a class
+    attribute ``detailed_snapshot = True``; executors may leave those fields empty for the others (building them
+    at every decision costs more than a static placement's whole decision).
+    """
 
     name: str
     config: str

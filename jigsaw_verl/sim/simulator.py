@@ -9,6 +9,13 @@ to start (:meth:`Simulator._decide`). What runs:
   GPUs as soon as it has nothing left to generate;
 - every other stage runs as one *gang* over its GPUs, node by node (the nodes of :mod:`jigsaw_verl.core.graph`).
 
+Co-location: a sub-stage started with an SM share below 1 may join a GPU held by one other sub-stage (whose
+lease there shrinks to the rest). Two co-located sub-stages progress at the speeds
+:meth:`CostModel.colocated_rates` gives for their current nodes; every task keeps a local clock (its progress)
+that runs at its current rate, so when rates change the remaining work is rescaled. A task alone on its GPUs
+runs at full speed whatever its lease. Migration (:class:`~jigsaw_verl.core.scheduling.Migrate`) aborts the
+requests of some replicas of a pipeline and resumes them on others, which re-prefill prompt + tokens so far.
+
 Memory: each GPU keeps pipeline state resident (training state sharded over a GPU set, rollout weights per
 replica) and evicts the least recently used idle state of another pipeline when it needs room; loading state
 that is not resident costs a host-to-device copy at the cost model's PCIe rate, charged before the stage.
@@ -44,11 +51,15 @@ from ..core.memory import kv_capacity_tokens, rollout_weight_bytes, train_state_
 from ..core.rollout_engine import ReplicaEngine
 from ..core.scheduling import (
     ExecutionMode,
+    Lease,
+    Migrate,
     PipelineView,
     Policy,
     ReadyStage,
+    ReplicaView,
     SchedulerOutput,
     Snapshot,
+    StageTiming,
     StartStage,
 )
 from ..core.spec import PipelineSpec, WorkloadSpec
@@ -76,6 +87,7 @@ class Slice:
         bound: ``compute`` | ``memory`` | ``comm`` | ``cpu`` | ``load``.
         flops: useful model FLOPs.
         inputs_ready_s: when the samples it consumes existed (streamed log-prob micro-batches), else ``None``.
+        sm_shares: SM share leased on each of ``gpus`` when it started (empty: 1 on each, exclusive).
     """
 
     gpus: tuple[int, ...]
@@ -88,6 +100,31 @@ class Slice:
     bound: str
     flops: float = 0.0
     inputs_ready_s: float | None = None
+    sm_shares: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class MigrationRecord:
+    """One executed :class:`~jigsaw_verl.core.scheduling.Migrate`.
+
+    Attributes:
+        time_s: when it happened, seconds.
+        pipeline: pipeline name.
+        sources: GPUs freed.
+        targets: GPUs of the replicas that took the requests.
+        requests: requests moved.
+        reprefill_tokens: prompt + generated tokens the targets re-prefill.
+        freed_gpu_s: GPU-seconds the sources would still have held without the migration (each source's
+            longest remaining response decoded at its current step time), an estimate from the true lengths.
+    """
+
+    time_s: float
+    pipeline: str
+    sources: tuple[int, ...]
+    targets: tuple[int, ...]
+    requests: int
+    reprefill_tokens: int
+    freed_gpu_s: float
 
 
 @dataclass(frozen=True)
@@ -118,6 +155,9 @@ class SimResult:
         completions: per pipeline, per step, how many times each response finished.
         reprefill_tokens: tokens re-prefilled after interrupts or migrations.
         staleness: per pipeline, the staleness the policy ran it with.
+        migrations: every migration executed.
+        rollout_finish_offsets: per pipeline, per step, when each response finished after the rollout began
+            (the live-batch curve the predictor learns from), seconds.
     """
 
     workload: str
@@ -132,30 +172,43 @@ class SimResult:
     completions: dict[str, list[np.ndarray]]
     reprefill_tokens: int
     staleness: dict[str, int]
+    migrations: tuple[MigrationRecord, ...] = ()
+    rollout_finish_offsets: dict[str, list[tuple[float, ...]]] = field(default_factory=dict)
 
 
 # ---- tasks ----------------------------------------------------------------------------------------------------
 @dataclass(eq=False)
-class _Engine:
-    pipeline: str
+class _Task:
+    """What every task has: a lease per GPU and a local clock (progress) running at ``rate`` since the last
+    mark ``(sim_s, local_s, rate)``."""
+
     gpus: tuple[int, ...]
-    worker: int
-    engine: ReplicaEngine
-    key: tuple
+    shares: dict = field(default_factory=dict)  # gpu -> SM share
+    rate: float = 1.0
+    marks: list = field(default_factory=list)
     token: int = 0
 
 
 @dataclass(eq=False)
-class _Gang:
-    pipeline: str
-    step: int
-    stage: str
-    gpus: tuple[int, ...]
-    nodes: deque
-    closed: bool
-    key: tuple | None
-    current: tuple | None = None  # (SubStage, start, end, inputs_ready)
-    token: int = 0
+class _Engine(_Task):
+    pipeline: str = ""
+    step: int = 0
+    worker: int = 0
+    engine: ReplicaEngine | None = None
+    key: tuple = ()
+    started_s: float = 0.0
+    stage: str = ROLLOUT
+
+
+@dataclass(eq=False)
+class _Gang(_Task):
+    pipeline: str = ""
+    step: int = 0
+    stage: str = ""
+    nodes: deque = field(default_factory=deque)
+    closed: bool = True
+    key: tuple | None = None
+    current: tuple | None = None  # (SubStage, local start, local end, inputs_ready, sim start)
 
 
 @dataclass(eq=False)
@@ -174,6 +227,8 @@ class _Pipe:
     generated: list = field(default_factory=list)
     completions: list = field(default_factory=list)
     stream: dict = field(default_factory=dict)  # step -> (_Gang, pending [(seq_len, done_s)], next mb index)
+    finish_offsets: dict = field(default_factory=dict)  # step -> [finish times]
+    stage_gpus: dict = field(default_factory=dict)  # (step, stage) -> GPUs it started on
     last_rollout_gpus: int = 0
     finish_s: float = 0.0
 
@@ -208,13 +263,16 @@ class Simulator:
         self.now = 0.0
         self._seq = 0
         self._heap: list = []
-        self.owner: list[object | None] = [None] * self.n
+        self.occ: list[list[_Task]] = [[] for _ in range(self.n)]
         self.last: list[str | None] = [None] * self.n
         self.resident: list[OrderedDict] = [OrderedDict() for _ in range(self.n)]
         self.engines: list[_Engine] = []
         self.slices: list[Slice] = []
         self.stage_log: list[StageRecord] = []
         self.reprefill_tokens = 0
+        self.migrations: list[MigrationRecord] = []
+        self.history: list[StageTiming] = []
+        self._next_replica = 0
 
     # ---- event plumbing --------------------------------------------------------------------------------------
     def _push(self, t: float, prio: int, item) -> None:
@@ -226,7 +284,53 @@ class Simulator:
         task.token += 1
         t = task.engine.next_event_s() if isinstance(task, _Engine) else (task.current[2] if task.current else None)
         if t is not None:
-            self._push(t, _TASK, (task, task.token))
+            self._push(self._to_sim(task, t), _TASK, (task, task.token))
+
+    # ---- local clocks (progress under co-location) -----------------------------------------------------------
+    def _local(self, task: _Task) -> float:
+        sim, local, rate = task.marks[-1]
+        if sim == local and rate == 1.0:  # NOTE: exact for tasks never slowed down (all baselines)
+            return self.now
+        return local + (self.now - sim) * rate
+
+    def _to_sim(self, task: _Task, t_local: float) -> float:
+        for sim, local, rate in reversed(task.marks):
+            if t_local >= local or (sim, local, rate) == task.marks[0]:
+                return t_local if sim == local and rate == 1.0 else sim + (t_local - local) / rate
+        raise AssertionError("unreachable")
+
+    def _load(self, task: _Task, g: int):
+        if isinstance(task, _Engine):
+            work, dur = task.engine.current_load()
+            gpus = len(task.gpus)
+        else:
+            node = task.current[0] if task.current else None
+            work, dur, gpus = (node.work, node.duration_s, len(task.gpus)) if node else (Work(), 0.0, 1)
+        return self.cost.stage_load(work, dur, gpus, sm_share=task.shares[g], mem_share=0.0)
+
+    def _rate(self, task: _Task) -> float:
+        rate = 1.0
+        for g in task.gpus:
+            occ = self.occ[g]
+            if len(occ) == 2:
+                a, b = occ
+                rates = self.cost.colocated_rates(self._load(a, g), self._load(b, g))
+                if rates is None:
+                    raise SimulationError(f"{self.policy.name}: SM shares on GPU {g} exceed 1")
+                rate = min(rate, rates[0] if a is task else rates[1])
+        return rate
+
+    def _rerate(self, gpus) -> None:
+        """Occupancy or a node changed on ``gpus``: give every task there its current speed."""
+        tasks = []
+        for g in gpus:
+            tasks += [t for t in self.occ[g] if t not in tasks]
+        for t in tasks:
+            r = self._rate(t)
+            if r != t.rate:
+                t.marks.append((self.now, self._local(t), r))
+                t.rate = r
+                self._arm(t)
 
     def run(self) -> SimResult:
         """Simulate to the end and return the result record."""
@@ -262,6 +366,11 @@ class Simulator:
             completions={p: ps.completions for p, ps in self.pipes.items()},
             reprefill_tokens=self.reprefill_tokens + sum(e.engine.reprefill_tokens for e in self.engines),
             staleness={p: ps.mode.staleness for p, ps in self.pipes.items()},
+            migrations=tuple(self.migrations),
+            rollout_finish_offsets={
+                p: [tuple(sorted(ps.finish_offsets.get(k, ()))) for k in range(ps.spec.steps)]
+                for p, ps in self.pipes.items()
+            },
         )
 
     # ---- decisions -------------------------------------------------------------------------------------------
@@ -271,7 +380,7 @@ class Simulator:
             if not out.actions:
                 return
             for action in out.actions:
-                self._start(action)
+                self._migrate(action) if isinstance(action, Migrate) else self._start(action)
         raise SimulationError(f"policy {self.policy.name} kept starting stages at t={self.now:.3f}s without end")
 
     def snapshot(self) -> Snapshot:
@@ -280,11 +389,12 @@ class Simulator:
         for ps in self.pipes.values():
             ready += [ReadyStage(ps.spec.name, k, s) for k, s in self._ready(ps)]
             running = []
-            for g in self.owner:
-                if isinstance(g, _Gang) and g.pipeline == ps.spec.name:
-                    entry = (g.step, g.stage, g.gpus)
-                    if entry not in running:
-                        running.append(entry)
+            for occ in self.occ:
+                for g in occ:
+                    if isinstance(g, _Gang) and g.pipeline == ps.spec.name:
+                        entry = (g.step, g.stage, g.gpus)
+                        if entry not in running:
+                            running.append(entry)
             engines = [e for e in self.engines if e.pipeline == ps.spec.name]
             if engines:
                 running.append((-1, ROLLOUT, tuple(sorted(g for e in engines for g in e.gpus))))
@@ -302,13 +412,54 @@ class Simulator:
                     rollout_gpus=frozenset(g for e in engines for g in e.gpus),
                 )
             )
+        if not getattr(self.policy, "detailed_snapshot", False):  # the baselines decide on the basic fields
+            return Snapshot(
+                now_s=self.now,
+                num_gpus=self.n,
+                free_gpus=frozenset(i for i, o in enumerate(self.occ) if not o),
+                ready=tuple(ready),
+                pipelines=tuple(views),
+                last_pipeline=tuple(self.last),
+            )
+        cap, pinned = usable_bytes(self.w.cluster.gpu), self._pinned()
         return Snapshot(
             now_s=self.now,
             num_gpus=self.n,
-            free_gpus=frozenset(i for i, o in enumerate(self.owner) if o is None),
+            free_gpus=frozenset(i for i, o in enumerate(self.occ) if not o),
             ready=tuple(ready),
             pipelines=tuple(views),
             last_pipeline=tuple(self.last),
+            leases=tuple(
+                tuple(
+                    Lease(
+                        pipeline=t.pipeline,
+                        stage=t.stage,
+                        sm_share=t.shares[g],
+                        replica=t.worker if isinstance(t, _Engine) else None,
+                    )
+                    for t in occ
+                )
+                for g, occ in enumerate(self.occ)
+            ),
+            free_bytes=tuple(
+                cap - sum(b for k, b in self.resident[g].items() if k in pinned) - self._kv_bytes(g)
+                for g in range(self.n)
+            ),
+            replicas=tuple(
+                ReplicaView(
+                    replica=e.worker,
+                    pipeline=e.pipeline,
+                    step=e.step,
+                    gpus=e.gpus,
+                    live=e.engine.live_count,
+                    queued=len(e.engine.queue),
+                    context_tokens=e.engine.context_tokens,
+                    generated_tokens=e.engine.live_generated,
+                    started_s=e.started_s,
+                )
+                for e in self.engines
+            ),
+            history=tuple(self.history),
         )
 
     def _ready(self, ps: _Pipe) -> list[tuple[int, str]]:
@@ -351,22 +502,48 @@ class Simulator:
         gpus = tuple(sorted(set(a.gpus)))
         if not gpus or len(gpus) != len(a.gpus) or gpus[0] < 0 or gpus[-1] >= self.n:
             raise SimulationError(f"{self.policy.name}: {a} names invalid GPUs")
+        if not 0.0 < a.sm_share <= 1.0:
+            raise SimulationError(f"{self.policy.name}: {a} has an SM share outside (0, 1]")
         ps.status[(a.step, a.stage)] = "running"
         ps.started[(a.step, a.stage)] = self.now
+        ps.stage_gpus[(a.step, a.stage)] = len(gpus)
         for g in gpus:
             self.last[g] = a.pipeline
         if a.stage == ROLLOUT:
-            self._start_rollout(ps, a.step, gpus)
+            self._start_rollout(ps, a.step, gpus, a.sm_share)
         else:
-            self._start_gang(ps, a.step, a.stage, gpus)
+            self._start_gang(ps, a.step, a.stage, gpus, a.sm_share)
+        if a.sm_share < 1.0:
+            self._rerate(gpus)
 
-    def _claim(self, gpus: tuple[int, ...], task, what: StartStage | str) -> None:
+    def _claim(self, gpus: tuple[int, ...], task: _Task, what: StartStage | str, share: float) -> None:
         for g in gpus:
-            if self.owner[g] is not None:
+            occ = self.occ[g]
+            if occ and (share >= 1.0 or len(occ) > 1):
                 raise SimulationError(f"{self.policy.name}: GPU {g} is busy; cannot start {what}")
-            self.owner[g] = task
+            if occ:
+                if isinstance(task, _Engine) and isinstance(occ[0], _Engine):
+                    raise SimulationError(f"{self.policy.name}: GPU {g} already holds a replica; cannot start {what}")
+                occ[0].shares[g] = min(occ[0].shares[g], 1.0 - share)  # the occupant's lease shrinks
+            occ.append(task)
+            task.shares[g] = share
+        task.marks = [(self.now, self.now, 1.0)]
 
-    def _start_rollout(self, ps: _Pipe, step: int, gpus: tuple[int, ...]) -> None:
+    def _release(self, task: _Task) -> None:
+        for g in task.gpus:
+            self.occ[g].remove(task)
+        if any(self.occ[g] for g in task.gpus):
+            self._rerate(task.gpus)
+
+    def _kv_bytes(self, g: int) -> float:
+        """KV cache held on GPU ``g`` by live sequences of the replicas there."""
+        return sum(
+            t.engine.kv_reserved * t.engine.model.kv_bytes_per_token / t.engine.tp
+            for t in self.occ[g]
+            if isinstance(t, _Engine)
+        )
+
+    def _start_rollout(self, ps: _Pipe, step: int, gpus: tuple[int, ...], share: float = 1.0) -> None:
         spec, tp = ps.spec, ps.spec.rollout_tp
         joined = [e for e in self.engines if e.pipeline == spec.name and set(e.gpus) <= set(gpus)]
         fresh = [g for g in gpus if not any(g in e.gpus for e in joined)]
@@ -384,25 +561,37 @@ class Simulator:
             load_s = self._make_resident(group, key, weight_bytes)
             others = max(sum(b for k, b in self.resident[g].items() if k != key) for g in group)
             cap = kv_capacity_tokens(spec.model, self.w.cluster.gpu, tp=tp, other_resident_bytes=others)
-            eng = _Engine(spec.name, group, len(self.engines), ReplicaEngine(self.cost, spec.model, tp, cap), key)
-            self._claim(group, eng, f"{spec.name} rollout {step}")
+            eng = _Engine(
+                group,
+                pipeline=spec.name,
+                step=step,
+                worker=self._next_replica,
+                engine=ReplicaEngine(self.cost, spec.model, tp, cap),
+                key=key,
+                started_s=self.now,
+            )
+            self._next_replica += 1
+            self._claim(group, eng, f"{spec.name} rollout {step}", share)
             if load_s > 0:
                 eng.engine.load_weights(self.now, load_s, interrupt=False)
             self.engines.append(eng)
             engines.append(eng)
         reqs = step_requests(ps.samples[step])
         ps.remaining[step] = len(reqs)
+        ps.finish_offsets[step] = []
+        for e in joined:
+            e.step = step
         ps.next_rollout = step + 1
         ps.last_rollout_gpus = len(gpus)
         for eng, part in zip(engines, assign_least_loaded(reqs, [e.engine.outstanding for e in engines])):
             if part:
-                eng.engine.submit(part, self.now)
+                eng.engine.submit(part, self._local(eng))
             if eng.engine.busy:
                 self._arm(eng)
             else:  # more replicas than requests: this one has nothing to do
                 self._retire(eng)
 
-    def _start_gang(self, ps: _Pipe, step: int, stage: str, gpus: tuple[int, ...]) -> None:
+    def _start_gang(self, ps: _Pipe, step: int, stage: str, gpus: tuple[int, ...], share: float = 1.0) -> None:
         spec, G = ps.spec, len(gpus)
         key = (spec.name, "train", gpus)
         samples = ps.samples[step]
@@ -430,25 +619,33 @@ class Simulator:
         load_s = self._make_resident(
             gpus, key, train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / G
         )
-        gang = _Gang(spec.name, step, stage, gpus, deque(), closed=not streaming, key=key)
+        gang = _Gang(gpus, pipeline=spec.name, step=step, stage=stage, nodes=deque(), closed=not streaming, key=key)
         if load_s > 0:
             gang.nodes.append((SubStage(spec.name, step, stage, "onload", 0, load_s, "load", G, 0.0, Work()), None))
         gang.nodes.extend((n, None) for n in nodes)
-        self._claim(gpus, gang, f"{spec.name} {stage} {step}")
+        self._claim(gpus, gang, f"{spec.name} {stage} {step}", share)
+        self._shrink_kv(gpus)
         if streaming:
             ps.stream[step] = [gang, [], 0]
             self._feed_stream(ps, step)
         if stage == WEIGHT_SYNC and ps.mode.interrupt_on_update:
             for e in self.engines:
                 if e.pipeline == spec.name:
-                    e.engine.load_weights(self.now, nodes[0].duration_s, interrupt=True)
+                    e.engine.load_weights(self._local(e), nodes[0].duration_s, interrupt=True)
                     self._arm(e)
         if gang.current is None:
             self._next_node(gang)
 
     # ---- memory ----------------------------------------------------------------------------------------------
     def _pinned(self) -> set:
-        return {t.key for t in self.owner if t is not None and t.key is not None}
+        return {t.key for occ in self.occ for t in occ if t.key is not None}
+
+    def _shrink_kv(self, gpus: tuple[int, ...]) -> None:
+        """A sub-stage joined replicas' GPUs: their KV cache keeps what it holds and loses the rest."""
+        for e in {t for g in gpus for t in self.occ[g] if isinstance(t, _Engine)}:
+            others = max(sum(b for k, b in self.resident[g].items() if k != e.key) for g in e.gpus)
+            room = kv_capacity_tokens(e.engine.model, self.w.cluster.gpu, tp=e.engine.tp, other_resident_bytes=others)
+            e.engine.kv_capacity = max(e.engine.kv_reserved, min(e.engine.kv_capacity, room))
 
     def _make_resident(self, gpus: tuple[int, ...], key: tuple, bytes_per_gpu: float) -> float:
         """Make ``key`` resident on ``gpus``; return the seconds of host copies it costs (0 if already there)."""
@@ -467,7 +664,7 @@ class Simulator:
         evicted = 0.0
         for g in gpus:
             res = self.resident[g]
-            while sum(res.values()) + bytes_per_gpu > cap:
+            while sum(res.values()) + self._kv_bytes(g) + bytes_per_gpu > cap:
                 victim = next((k for k in res if k not in pinned), None)
                 if victim is None:
                     raise SimulationError(
@@ -481,22 +678,46 @@ class Simulator:
         return self.cost.host_copy(bytes_per_gpu) + self.cost.host_copy(evicted)
 
     # ---- running tasks ---------------------------------------------------------------------------------------
-    def _record(self, gpus, node: SubStage, start: float, end: float, ready: float | None = None) -> None:
+    def _record(self, task: _Task, node: SubStage, start: float, end: float, ready: float | None = None) -> None:
         if end > start:
+            shares = tuple(task.shares[g] for g in task.gpus)
+            shares = () if all(x == 1.0 for x in shares) else shares
             self.slices.append(
-                Slice(gpus, start, end, node.pipeline, node.step, node.stage, node.name, node.bound, node.flops, ready)
+                Slice(
+                    task.gpus,
+                    start,
+                    end,
+                    node.pipeline,
+                    node.step,
+                    node.stage,
+                    node.name,
+                    node.bound,
+                    node.flops,
+                    ready,
+                    shares,
+                )
             )
 
-    def _on_engine(self, e: _Engine) -> None:
-        done, acts = e.engine.advance(self.now)
+    def _record_acts(self, e: _Engine, acts) -> None:
         ps = self.pipes[e.pipeline]
         for a in acts:
-            step = ps.next_rollout - 1
-            self._record(e.gpus, activity_node(ps.spec, step, e.worker, a, 0.0), a.start_s, a.end_s)
+            node = activity_node(ps.spec, e.step, e.worker, a, 0.0)
+            self._record(e, node, self._to_sim(e, a.start_s), self._to_sim(e, a.end_s))
+
+    def _on_engine(self, e: _Engine) -> None:
+        # NOTE: the event is due. A slowed-down engine advances to its own event time, so float rounding of its
+        # local clock can never leave the event pending; a never-slowed one sees the simulator's clock as is.
+        sim, local, rate = e.marks[-1]
+        exact = sim == local and rate == 1.0
+        done, acts = e.engine.advance(self.now if exact else max(self._local(e), e.engine.next_event_s()))
+        ps = self.pipes[e.pipeline]
+        self._record_acts(e, acts)
         for req, t, generated in done:
-            self._sample_done(ps, req.step, req.index, generated, t)
+            self._sample_done(ps, req.step, req.index, generated, self._to_sim(e, t))
         if e.engine.busy:
             self._arm(e)
+            if any(len(self.occ[g]) > 1 for g in e.gpus):
+                self._rerate(e.gpus)
         else:
             self._retire(e)
 
@@ -504,12 +725,57 @@ class Simulator:
         """A replica with nothing left to generate frees its GPUs (its weights stay resident)."""
         self.reprefill_tokens += e.engine.reprefill_tokens
         self.engines.remove(e)
-        for g in e.gpus:
-            self.owner[g] = None
+        self._release(e)
+
+    # ---- migration -------------------------------------------------------------------------------------------
+    def _migrate(self, m: Migrate) -> None:
+        by_id = {e.worker: e for e in self.engines}
+        ids = list(m.sources) + list(m.targets)
+        if not m.sources or not m.targets or len(set(ids)) != len(ids) or any(i not in by_id for i in ids):
+            raise SimulationError(f"{self.policy.name}: {m} names replicas that are not live, or repeats one")
+        if any(by_id[i].pipeline != m.pipeline for i in ids):
+            raise SimulationError(f"{self.policy.name}: {m} mixes pipelines")
+        targets = [by_id[i] for i in m.targets]
+        moved, freed = [], 0.0
+        for i in m.sources:
+            e = by_id[i]
+            eng = e.engine
+            remaining = max((s.req.response_len - s.generated for s in eng.live), default=0)
+            step_s = self.cost.decode_step(eng.model, eng.tp, max(1, eng.live_count), eng.context_tokens)
+            freed += remaining * step_s / max(e.rate, 1e-9) * len(e.gpus)
+            reqs, acts = eng.abort(self._local(e))
+            self._record_acts(e, acts)
+            moved += reqs
+            self._retire(e)
+        for req, generated in moved:
+            cap = min(t.engine.kv_capacity for t in targets)
+            if req.prompt_len + req.response_len > cap:
+                raise SimulationError(f"{self.policy.name}: {m}: a request does not fit the targets' KV cache")
+        loads = [t.engine.outstanding for t in targets]
+        for req, generated in moved:
+            i = min(range(len(loads)), key=loads.__getitem__)
+            loads[i] += 1
+            targets[i].engine.resume(req, generated, self._local(targets[i]))
+        for t in targets:
+            self._arm(t)
+            if any(len(self.occ[g]) > 1 for g in t.gpus):
+                self._rerate(t.gpus)
+        self.migrations.append(
+            MigrationRecord(
+                time_s=self.now,
+                pipeline=m.pipeline,
+                sources=tuple(g for i in m.sources for g in by_id[i].gpus),
+                targets=tuple(g for t in targets for g in t.gpus),
+                requests=len(moved),
+                reprefill_tokens=sum(r.prompt_len + g for r, g in moved if g > 0),
+                freed_gpu_s=freed,
+            )
+        )
 
     def _sample_done(self, ps: _Pipe, step: int, index: int, generated: int, t: float) -> None:
         ps.generated[step][index] += generated
         ps.completions[step][index] += 1
+        ps.finish_offsets[step].append(t - ps.started[(step, ROLLOUT)])
         ps.remaining[step] -= 1
         if step in ps.stream:
             s = ps.samples[step]
@@ -543,25 +809,38 @@ class Simulator:
     def _next_node(self, gang: _Gang) -> None:
         if gang.nodes:
             node, ready = gang.nodes.popleft()
-            gang.current = (node, self.now, self.now + node.duration_s, ready)
+            local = self._local(gang)
+            gang.current = (node, local, local + node.duration_s, ready, self.now)
             self._arm(gang)
+            if any(len(self.occ[g]) > 1 for g in gang.gpus):
+                self._rerate(gang.gpus)
         elif gang.closed:
             gang.current = None
-            for g in gang.gpus:
-                self.owner[g] = None
+            self._release(gang)
             self._stage_done(self.pipes[gang.pipeline], gang.step, gang.stage, self.now)
         else:
             gang.current = None
 
     def _on_gang(self, gang: _Gang) -> None:
-        node, start, end, ready = gang.current
-        self._record(gang.gpus, node, start, end, ready)
+        node, _, _, ready, start = gang.current
+        self._record(gang, node, start, self.now, ready)
         gang.current = None
         self._next_node(gang)
 
     def _stage_done(self, ps: _Pipe, step: int, stage: str, t: float) -> None:
         ps.status[(step, stage)] = "done"
         self.stage_log.append(StageRecord(ps.spec.name, step, stage, ps.started[(step, stage)], t))
+        self.history.append(
+            StageTiming(
+                pipeline=ps.spec.name,
+                step=step,
+                stage=stage,
+                start_s=ps.started[(step, stage)],
+                end_s=t,
+                gpus=ps.stage_gpus.get((step, stage), 0),
+                finish_offsets_s=tuple(sorted(ps.finish_offsets.get(step, ()))) if stage == ROLLOUT else (),
+            )
+        )
         if stage == WEIGHT_SYNC:
             ps.version += 1
         if stage == UPDATE and step == ps.spec.steps - 1:
