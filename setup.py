@@ -18,7 +18,7 @@ setup(
     description="Pipeline multiplexing (JigsawRL) for verl recipes: sub-stage graphs, a look-ahead scheduler, "
     "rollout migration and a cluster simulator.",
     packages=find_packages(include=["jigsaw_verl", "jigsaw_verl.*", "patches"]),
-    package_data={"jigsaw_verl": ["workloads/*.yaml", "workloads/*.md"]},
+    package_data={"jigsaw_verl": ["workloads/*.yaml", "workloads/*.md", "config/*.yaml"]},
     python_requires=">=3.10",
     install_requires=[
         "verl==0.9.1",
@@ -38,5 +38,9 @@ setup(
         "gpu": ["vllm"],
         "dev": ["pytest>=8", "hypothesis>=6", "ruff>=0.6"],
     },
-    entry_points={"console_scripts": ["jigsaw-verl=jigsaw_verl.cli:main"]},
+    entry_points={
+        "console_scripts": ["jigsaw-verl=jigsaw_verl.cli:main"],
+        # verl imports these in every process: registrations only (CPU platform, rollout, engines, patches).
+        "verl.plugins": ["jigsaw_cpu = jigsaw_verl.cpu.plugin"],
+    },
 )

@@ -1,0 +1,1 @@
+"""The CPU rollout backend: a continuous-batching transformers engine served like verl's vLLM server."""
