@@ -292,6 +292,11 @@ class CostModel:
             mem_share=mem_share,
         )
 
+    @staticmethod
+    def stage_load_from_needs(sm_need: float, bw_need: float, *, sm_share: float) -> StageLoad:
+        """A load given directly by its per-GPU needs (the interference table's representative loads)."""
+        return StageLoad(sm_need=sm_need, bw_need=bw_need, sm_share=sm_share, mem_share=0.0)
+
 
 @dataclass(frozen=True, kw_only=True)
 class StageLoad:

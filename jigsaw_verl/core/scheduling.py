@@ -3,9 +3,9 @@
 Executors (the simulator, later the live runtime) call :meth:`Policy.schedule` whenever something changed: a
 stage became ready, GPUs were freed, a request finished, a pipeline arrived. The policy sees a :class:`Snapshot`
 and returns a :class:`SchedulerOutput` listing what to start where (:class:`StartStage`, exclusively or
-co-located with a share of each GPU) and which rollout replicas to merge (:class:`Migrate`). It never mutates the snapshot, reads a clock or does I/O,
-so the same policy object runs in simulation and live. Policies that search configurations (splits, orders)
-fix them at construction, from the workload alone.
+co-located with a share of each GPU) and which rollout replicas to merge (:class:`Migrate`). It never mutates
+the snapshot, reads a clock or does I/O, so the same policy object runs in simulation and live. Policies that
+search configurations (splits, orders) fix them at construction, from the workload alone.
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ class PipelineView:
         finished: whether all its steps are done.
         version: policy versions published to rollout (weight syncs done).
         steps_done: steps whose update finished.
-        running: ``(step, stage, gpus)`` of its stages in progress.
+        running: ``(step, stage, gpus)`` of its stages in progress (step -1 for its live rollout replicas).
+        running_since_s: when each of ``running`` started, seconds (empty when the executor does not say).
+        train_gpus: GPUs holding its training state resident (empty when none or not said).
         rollout_gpus: GPUs holding its live rollout replicas (a rollout may join them when its mode allows).
     """
 
@@ -72,6 +74,8 @@ class PipelineView:
     steps_done: int
     running: tuple[tuple[int, str, tuple[int, ...]], ...]
     rollout_gpus: frozenset[int]
+    running_since_s: tuple[float, ...] = ()
+    train_gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -77,6 +77,9 @@ class PipelineSpec:
         train_micro_batch_tokens: tokens per GPU in one training micro-batch (verl's dynamic batch size).
         steps: training steps.
         arrival_s: when the job joins the pool, seconds.
+        weight: how much its completion counts for a multiplexing scheduler (> 0; 1 for every job by default).
+        max_latency_inflation: step-time inflation over running alone that a multiplexing scheduler should keep it
+            under (>= 1), or ``None`` for no limit.
     """
 
     name: str
@@ -93,6 +96,8 @@ class PipelineSpec:
     train_micro_batch_tokens: int = 16384
     steps: int = 20
     arrival_s: float = 0.0
+    weight: float = 1.0
+    max_latency_inflation: float | None = None
 
     @property
     def critic(self) -> bool:
@@ -137,6 +142,7 @@ _MODEL_KEYS = {"params_b", "layers", "hidden", "kv_heads", "head_dim", "heads"}
 _PIPELINE_KEYS = {
     "name", "model", "algorithm", "mode", "max_staleness", "batch_prompts", "group_size", "prompt_len",
     "response_len", "ref_model", "rollout_tp", "train_micro_batch_tokens", "steps", "arrival_s",
+    "weight", "max_latency_inflation",
 }  # fmt: skip
 _CLUSTER_KEYS = {"gpu", "num_gpus", "gpus_per_node"}
 _TOP_KEYS = {"name", "seed", "cluster", "pipelines"}
@@ -280,7 +286,15 @@ def _pipeline(r: _Reader, raw: Any, key: str, cluster: ClusterSpec) -> PipelineS
         ),
         steps=r.integer(raw.get("steps", 20), f"{key}.steps"),
         arrival_s=r.number(raw.get("arrival_s", 0.0), f"{key}.arrival_s", positive=False),
+        weight=r.number(raw.get("weight", 1.0), f"{key}.weight"),
+        max_latency_inflation=(
+            None
+            if raw.get("max_latency_inflation") is None
+            else r.number(raw["max_latency_inflation"], f"{key}.max_latency_inflation")
+        ),
     )
+    if spec.max_latency_inflation is not None and spec.max_latency_inflation < 1:
+        raise r.fail(f"{key}.max_latency_inflation", f"must be >= 1, got {spec.max_latency_inflation:g}")
     tp = spec.rollout_tp
     if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
         raise r.fail(f"{key}.rollout_tp", f"{tp} must divide gpus_per_node ({cluster.gpus_per_node})")

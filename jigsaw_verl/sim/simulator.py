@@ -384,6 +384,7 @@ class Simulator:
         raise SimulationError(f"policy {self.policy.name} kept starting stages at t={self.now:.3f}s without end")
 
     def snapshot(self) -> Snapshot:
+        detailed = getattr(self.policy, "detailed_snapshot", False)
         ready: list[ReadyStage] = []
         views = []
         for ps in self.pipes.values():
@@ -398,6 +399,9 @@ class Simulator:
             engines = [e for e in self.engines if e.pipeline == ps.spec.name]
             if engines:
                 running.append((-1, ROLLOUT, tuple(sorted(g for e in engines for g in e.gpus))))
+            since = tuple(
+                ps.started.get((st if st >= 0 else ps.next_rollout - 1, stage), self.now) for st, stage, _ in running
+            )
             views.append(
                 PipelineView(
                     name=ps.spec.name,
@@ -410,9 +414,11 @@ class Simulator:
                     steps_done=sum(ps.done(k, UPDATE) for k in range(ps.spec.steps)),
                     running=tuple(running),
                     rollout_gpus=frozenset(g for e in engines for g in e.gpus),
+                    running_since_s=since,
+                    train_gpus=self._train_home(ps.spec.name) if detailed else (),
                 )
             )
-        if not getattr(self.policy, "detailed_snapshot", False):  # the baselines decide on the basic fields
+        if not detailed:  # the baselines decide on the basic fields
             return Snapshot(
                 now_s=self.now,
                 num_gpus=self.n,
@@ -555,12 +561,29 @@ class Simulator:
             raise SimulationError(f"{self.policy.name}: rollout of {spec.name} needs GPUs in groups of {tp}")
         engines = list(joined)
         weight_bytes = rollout_weight_bytes(spec.model) / tp
+        if share < 1.0:  # joining a gang: idle state of others makes room for the KV cache first
+            pinned = self._pinned()
+            for g in fresh:
+                for k in [k for k in self.resident[g] if k not in pinned and k[0] != spec.name]:
+                    for h in range(self.n):
+                        self.resident[h].pop(k, None)
         for i in range(0, len(fresh), tp):
             group = tuple(fresh[i : i + tp])
             key = (spec.name, "rollout", group)
             load_s = self._make_resident(group, key, weight_bytes)
             others = max(sum(b for k, b in self.resident[g].items() if k != key) for g in group)
             cap = kv_capacity_tokens(spec.model, self.w.cluster.gpu, tp=tp, other_resident_bytes=others)
+            longest = max(r.prompt_len + r.response_len for r in step_requests(ps.samples[step]))
+            if cap < longest:  # idle state left no room for even one request: evict it (LRU) for a few
+                pinned = self._pinned() | {key}
+                while cap < 4 * longest:
+                    victim = next((k for g in group for k in self.resident[g] if k not in pinned), None)
+                    if victim is None:
+                        break
+                    for h in range(self.n):
+                        self.resident[h].pop(victim, None)
+                    others = max(sum(b for k, b in self.resident[g].items() if k != key) for g in group)
+                    cap = kv_capacity_tokens(spec.model, self.w.cluster.gpu, tp=tp, other_resident_bytes=others)
             eng = _Engine(
                 group,
                 pipeline=spec.name,
@@ -639,6 +662,13 @@ class Simulator:
     # ---- memory ----------------------------------------------------------------------------------------------
     def _pinned(self) -> set:
         return {t.key for occ in self.occ for t in occ if t.key is not None}
+
+    def _train_home(self, pipeline: str) -> tuple[int, ...]:
+        for g in range(self.n):
+            for k in self.resident[g]:
+                if k[0] == pipeline and k[1] == "train":
+                    return k[2]
+        return ()
 
     def _shrink_kv(self, gpus: tuple[int, ...]) -> None:
         """A sub-stage joined replicas' GPUs: their KV cache keeps what it holds and loses the rest."""
@@ -724,6 +754,7 @@ class Simulator:
     def _retire(self, e: _Engine) -> None:
         """A replica with nothing left to generate frees its GPUs (its weights stay resident)."""
         self.reprefill_tokens += e.engine.reprefill_tokens
+        e.token += 1  # an event still queued for it (a migrated source) is stale
         self.engines.remove(e)
         self._release(e)
 
@@ -747,7 +778,7 @@ class Simulator:
             self._record_acts(e, acts)
             moved += reqs
             self._retire(e)
-        for req, generated in moved:
+        for req, _ in moved:
             cap = min(t.engine.kv_capacity for t in targets)
             if req.prompt_len + req.response_len > cap:
                 raise SimulationError(f"{self.policy.name}: {m}: a request does not fit the targets' KV cache")

@@ -1,0 +1,173 @@
+"""The predictor: each pipeline's next step, from the cost model's predicted graph and the last few steps.
+
+Consecutive steps of a pipeline look alike (its length profile drifts slowly), so the predictor keeps two things
+per pipeline:
+
+- a *prior*, built once from the workload spec alone: the sub-stage graph of a step whose lengths are drawn from
+  the spec's distributions with the predictor's own seed (never the run's lengths), rolled out on every width the
+  pool allows (:func:`~jigsaw_verl.core.graph.rollout_nodes`) and trained on every training width;
+- an online *correction*: the median ratio of observed to prior durations over the last ``window`` steps, so
+  drift and the prior's sampling error are corrected as timings arrive.
+
+For a rollout in progress it predicts per replica when it frees its GPUs from the last step's live-batch curve
+(when each response finished): the replica with the ``i``-th most live requests frees when ``i`` requests of the
+step are left. Everything is a pure function of the snapshot's history; nothing is mutated after construction
+except a memo of priors.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .cost_model import CostModel
+from .graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC, logprob_nodes, rollout_nodes, update_nodes
+from .lengths import sample_steps
+from .memory import kv_capacity_tokens
+from .scheduling import StageTiming
+from .spec import PipelineSpec
+
+PRIOR_SEED_OFFSET = 7919  # the prior's lengths are a different draw than any run's
+
+
+@dataclass(frozen=True)
+class StepForecast:
+    """One pipeline's next step on given widths.
+
+    Attributes:
+        rollout_s: rollout duration, seconds.
+        logprob_s: reward + log-prob passes, seconds.
+        update_s: advantage + updates, seconds.
+        sync_s: weight sync, seconds.
+    """
+
+    rollout_s: float
+    logprob_s: float
+    update_s: float
+    sync_s: float
+
+
+def _widths(unit: int, num_gpus: int, cap: int) -> list[int]:
+    out, g = [], unit
+    while g <= min(num_gpus, cap):
+        out.append(g)
+        g *= 2
+    if out[-1] != min(num_gpus, cap) and min(num_gpus, cap) % unit == 0:
+        out.append(min(num_gpus, cap))
+    return out
+
+
+def _interp(table: dict[int, float], g: int) -> float:
+    """Log-linear interpolation of a duration table over widths (clamped at its ends)."""
+    keys = sorted(table)
+    if g <= keys[0]:
+        return table[keys[0]] * (keys[0] / g if g < keys[0] else 1.0)
+    if g >= keys[-1]:
+        return table[keys[-1]]
+    i = bisect.bisect_right(keys, g)
+    lo, hi = keys[i - 1], keys[i]
+    x = (np.log(g) - np.log(lo)) / (np.log(hi) - np.log(lo))
+    return float(table[lo] * (1 - x) + table[hi] * x)
+
+
+class Predictor:
+    """Predicted durations per pipeline.
+
+    Args:
+        specs: the pipelines.
+        cost: the cost model.
+        num_gpus: pool size.
+        seed: the workload seed (offset so the prior never sees the run's lengths).
+        window: steps the online correction looks back.
+    """
+
+    def __init__(self, specs: tuple[PipelineSpec, ...], cost: CostModel, num_gpus: int, seed: int, window: int = 3):
+        self.specs = {p.name: p for p in specs}
+        self.cost, self.n, self.seed, self.window = cost, num_gpus, seed, window
+        self._prior: dict[str, dict[str, dict[int, float]]] = {}
+
+    def prior(self, name: str) -> dict[str, dict[int, float]]:
+        """Per stage, seconds by width, from the spec alone."""
+        if name not in self._prior:
+            spec = self.specs[name]
+            one = replace(spec, steps=1, name=f"{spec.name}#prior")
+            samples = sample_steps(one, self.seed + PRIOR_SEED_OFFSET)[0]
+            tp = spec.rollout_tp
+            cap = kv_capacity_tokens(spec.model, self.cost.gpu, tp=tp)
+            roll = {}
+            for g in _widths(tp, self.n, tp * spec.samples_per_step):
+                chains = rollout_nodes(spec, self.cost, samples, g // tp, cap)
+                roll[g] = max(sum(n.duration_s for n in c) for c in chains)
+            seq = (samples.prompt_len + samples.response_len).astype(np.int64)
+            lp, up = {}, {}
+            for g in _widths(1, self.n, 64):
+                lp[g] = sum(n.duration_s for n in logprob_nodes(spec, self.cost, 0, g, seq))
+                up[g] = sum(n.duration_s for n in update_nodes(spec, self.cost, 0, g, seq))
+            sync = self.cost.weight_sync_transfer(spec.model, 1, 1, same_node=True)
+            self._prior[name] = {ROLLOUT: roll, LOGPROB: lp, UPDATE: up, WEIGHT_SYNC: {1: sync}}
+        return self._prior[name]
+
+    def correction(self, name: str, history: tuple[StageTiming, ...], stage: str) -> float:
+        """Median of observed over prior duration for ``stage`` over the last ``window`` steps (1 without any)."""
+        table = self.prior(name)[stage]
+        vals = [
+            (h.end_s - h.start_s) / max(_interp(table, h.gpus), 1e-9)
+            for h in history
+            if h.pipeline == name and h.stage == stage and h.gpus > 0
+        ][-self.window :]
+        return float(np.median(vals)) if vals else 1.0
+
+    def corrections(self, history: tuple[StageTiming, ...]) -> dict[tuple[str, str], float]:
+        """:meth:`correction` of every (pipeline, stage) in one pass over ``history`` (decisions call this once)."""
+        obs: dict[tuple[str, str], list[float]] = {}
+        for h in history:
+            if h.gpus > 0 and h.pipeline in self.specs:
+                table = self.prior(h.pipeline)[h.stage]
+                ratio = (h.end_s - h.start_s) / max(_interp(table, h.gpus), 1e-9)
+                obs.setdefault((h.pipeline, h.stage), []).append(ratio)
+        return {k: float(np.median(v[-self.window :])) for k, v in obs.items()}
+
+    def stage_s(self, name: str, history: tuple[StageTiming, ...], stage: str, gpus: int) -> float:
+        """Predicted seconds of ``stage`` of the next step on ``gpus`` GPUs."""
+        return self.correction(name, history, stage) * _interp(self.prior(name)[stage], max(1, gpus))
+
+    def forecast(self, name: str, history: tuple[StageTiming, ...], rollout_gpus: int, train_gpus: int) -> StepForecast:
+        """The next step of ``name`` with its rollout on ``rollout_gpus`` and training on ``train_gpus``."""
+        return StepForecast(
+            rollout_s=self.stage_s(name, history, ROLLOUT, rollout_gpus),
+            logprob_s=self.stage_s(name, history, LOGPROB, train_gpus),
+            update_s=self.stage_s(name, history, UPDATE, train_gpus),
+            sync_s=self.stage_s(name, history, WEIGHT_SYNC, 1),
+        )
+
+    def widths(self, name: str, stage: str) -> list[int]:
+        """Widths the prior covers for ``stage``."""
+        return sorted(self.prior(name)[stage])
+
+    def replica_remaining_s(self, name: str, curve: StageTiming | None, total_s: float, live: list[int]) -> list[float]:
+        """Seconds until each replica of a running rollout frees its GPUs.
+
+        Args:
+            name: pipeline name.
+            curve: the pipeline's last finished rollout (its live-batch curve), or ``None``.
+            total_s: the predicted duration of this rollout (:meth:`stage_s` at its width).
+            live: each replica's outstanding requests.
+        """
+        n = self.specs[name].samples_per_step
+        left = sum(live)
+        order = sorted(range(len(live)), key=lambda i: (-live[i], i))
+        out = [0.0] * len(live)
+        if curve is None or len(curve.finish_offsets_s) != n:  # no curve yet: the share of requests left
+            for i in order:
+                out[i] = total_s * left / n if live[i] else 0.0
+            return out
+        offs = curve.finish_offsets_s
+        scale = total_s / max(offs[-1], 1e-9)
+        done = n - left
+        now_on_curve = offs[done - 1] if done > 0 else 0.0
+        for rank, i in enumerate(order):
+            if live[i]:
+                out[i] = max(0.05, (offs[max(0, n - rank - 1)] - now_on_curve) * scale)
+        return out
