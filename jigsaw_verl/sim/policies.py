@@ -19,7 +19,6 @@ from .baselines.streamrl import streamrl
 from .baselines.verl import verl, verl_seq, verl_split
 
 POLICIES: Registry[PolicyFactory] = Registry("policy")
-RESERVED: tuple[str, ...] = ()
 
 POLICIES.register("verl")(verl)
 POLICIES.register("verl-seq")(verl_seq)
