@@ -23,9 +23,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .cost_model import CostModel
-from .graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC, logprob_nodes, rollout_nodes, update_nodes
+from .graph import (
+    LOGPROB,
+    ROLLOUT,
+    UPDATE,
+    WEIGHT_SYNC,
+    assign_least_loaded,
+    logprob_nodes,
+    rollout_nodes,
+    step_requests,
+    update_nodes,
+)
 from .lengths import sample_steps
 from .memory import kv_capacity_tokens
+from .rollout_engine import ReplicaEngine
 from .scheduling import StageTiming
 from .spec import PipelineSpec
 
@@ -87,6 +98,18 @@ class Predictor:
         self.specs = {p.name: p for p in specs}
         self.cost, self.n, self.seed, self.window = cost, num_gpus, seed, window
         self._prior: dict[str, dict[str, dict[int, float]]] = {}
+        self._curves: dict[str, tuple[float, ...]] = {}
+
+    def _finish_offsets(self, spec: PipelineSpec, samples, replicas: int, cap: int) -> tuple[float, ...]:
+        """When each response of the prior's step finishes on ``replicas`` fresh replicas (its live-batch curve)."""
+        engines = [ReplicaEngine(self.cost, spec.model, spec.rollout_tp, cap) for _ in range(replicas)]
+        out = []
+        for eng, reqs in zip(engines, assign_least_loaded(step_requests(samples), [0] * replicas)):
+            eng.submit(reqs, 0.0)
+            while (t := eng.next_event_s()) is not None:
+                done, _ = eng.advance(t)
+                out += [d for _, d, _ in done]
+        return tuple(sorted(out))
 
     def prior(self, name: str) -> dict[str, dict[int, float]]:
         """Per stage, seconds by width, from the spec alone."""
@@ -100,6 +123,7 @@ class Predictor:
             for g in _widths(tp, self.n, tp * spec.samples_per_step):
                 chains = rollout_nodes(spec, self.cost, samples, g // tp, cap)
                 roll[g] = max(sum(n.duration_s for n in c) for c in chains)
+            self._curves[name] = self._finish_offsets(spec, samples, max(1, min(self.n, 8) // tp), cap)
             seq = (samples.prompt_len + samples.response_len).astype(np.int64)
             lp, up = {}, {}
             for g in _widths(1, self.n, 64):
@@ -146,28 +170,59 @@ class Predictor:
         """Widths the prior covers for ``stage``."""
         return sorted(self.prior(name)[stage])
 
+    def _curve(self, name: str, curve: StageTiming | None) -> tuple[float, ...]:
+        n = self.specs[name].samples_per_step
+        self.prior(name)
+        return curve.finish_offsets_s if curve is not None and len(curve.finish_offsets_s) == n else self._curves[name]
+
+    def tail_fraction(self, name: str, live_per_replica: float) -> float:
+        """Share of a rollout (the prior's curve) after which at most ``live_per_replica`` requests per replica
+        are left, on the prior's width."""
+        offs = self._curve(name, None)
+        reps = max(1, min(self.n, 8) // self.specs[name].rollout_tp)
+        k = len(offs) - int(live_per_replica * reps)
+        return 0.0 if k <= 0 else offs[k - 1] / max(offs[-1], 1e-9)
+
+    def time_until_outstanding_s(
+        self, name: str, curve: StageTiming | None, total_s: float, outstanding: int, target: int
+    ) -> float:
+        """Seconds until a running rollout with ``outstanding`` requests left has ``target`` left (its curve)."""
+        if outstanding <= target:
+            return 0.0
+        offs = self._curve(name, curve)
+        n, m = self.specs[name].samples_per_step, len(offs)
+        now_i = min(m, max(0, round((n - outstanding) * m / n)))
+        then_i = min(m, max(0, round((n - target) * m / n)))
+        now_t = offs[now_i - 1] if now_i > 0 else 0.0
+        then_t = offs[then_i - 1] if then_i > 0 else 0.0
+        return max(0.0, then_t - now_t) * total_s / max(offs[-1], 1e-9)
+
     def replica_remaining_s(self, name: str, curve: StageTiming | None, total_s: float, live: list[int]) -> list[float]:
         """Seconds until each replica of a running rollout frees its GPUs.
 
+        The live-batch curve (the last step's, else the prior's) says how the requests still running are spread
+        over time: a replica with ``l`` live requests frees when the longest of ``l`` draws from the curve's
+        remaining finish times ends (the ``1 - 1/(l+1)`` quantile). Where "now" sits on the curve is found by the
+        share of requests already done, which is robust to the two steps running at different speeds.
+
         Args:
             name: pipeline name.
-            curve: the pipeline's last finished rollout (its live-batch curve), or ``None``.
+            curve: the pipeline's last finished rollout, or ``None``.
             total_s: the predicted duration of this rollout (:meth:`stage_s` at its width).
             live: each replica's outstanding requests.
         """
         n = self.specs[name].samples_per_step
-        left = sum(live)
-        order = sorted(range(len(live)), key=lambda i: (-live[i], i))
-        out = [0.0] * len(live)
-        if curve is None or len(curve.finish_offsets_s) != n:  # no curve yet: the share of requests left
-            for i in order:
-                out[i] = total_s * left / n if live[i] else 0.0
-            return out
-        offs = curve.finish_offsets_s
+        offs = self._curve(name, curve)
+        m = len(offs)
         scale = total_s / max(offs[-1], 1e-9)
-        done = n - left
+        done = min(m, max(0, round((n - sum(live)) * m / n)))
         now_on_curve = offs[done - 1] if done > 0 else 0.0
-        for rank, i in enumerate(order):
-            if live[i]:
-                out[i] = max(0.05, (offs[max(0, n - rank - 1)] - now_on_curve) * scale)
+        rest = offs[done:] or offs[-1:]
+        out = []
+        for count in live:
+            if not count:
+                out.append(0.0)
+                continue
+            q = rest[min(len(rest) - 1, int(len(rest) * (1.0 - 1.0 / (count + 1))))]
+            out.append(max(0.05, (q - now_on_curve) * scale))
         return out

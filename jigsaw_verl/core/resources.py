@@ -130,7 +130,7 @@ class ResourceManager:
         return train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / gpus
 
     def colocatable(
-        self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int], gpus: int, *, tail_live: int = 32
+        self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int], gpus: int, *, tail_live: int
     ) -> list[int]:
         """GPUs among ``candidates`` held by exactly one lease of another pipeline, a long-tail replica (at most
         ``tail_live`` live requests, none queued: memory-bound) when the newcomer trains or a gang when it rolls
