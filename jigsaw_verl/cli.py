@@ -1,7 +1,8 @@
 """``jigsaw-verl``: the command line.
 
 - ``jigsaw-verl simulate WORKLOAD.yaml [--policies a,b] [--json F] [--trace F] [--plot F]``
-- ``jigsaw-verl demo [--out DIR]``: the simulator on the bundled long-CoT workload, with trace and plot.
+- ``jigsaw-verl demo [--out DIR] [--skip-recipe]``: the simulator on the bundled long-CoT workload (table, trace,
+  plot), then verl's own trainer running the tiny GRPO recipe on the CPU backend.
 
 Bad input (a workload file, a policy name, an output path) gets one line on stderr and exit code 2, before any
 simulation starts.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -84,7 +86,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .sim.workload_file import BUNDLED_DIR
 
     out = Path(args.out)
-    _progress(f"demo: simulating {DEMO_WORKLOAD} with every baseline; outputs in {out}/")
+    _progress(f"demo 1/2: simulating {DEMO_WORKLOAD} with every baseline; outputs in {out}/")
     ns = argparse.Namespace(
         workload=str(BUNDLED_DIR / DEMO_WORKLOAD),
         policies=None,
@@ -92,7 +94,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         trace=str(out / "demo.trace.json"),
         plot=str(out / "demo.png"),
     )
-    return cmd_simulate(ns)
+    rc = cmd_simulate(ns)
+    if rc or args.skip_recipe:
+        return rc
+    import subprocess
+
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / "cpu_tiny_grpo.sh"
+    _progress(f"demo 2/2: {recipe.name}: verl's trainer, 3 GRPO steps of a tiny model on the CPU (about 3 min)")
+    env = dict(os.environ, OUT=str(out / "cpu_tiny_grpo"), PY=sys.executable)
+    started = time.perf_counter()
+    rc = subprocess.run(["bash", str(recipe)], env=env).returncode
+    _progress(
+        f"demo 2/2: recipe {'finished' if rc == 0 else f'failed (exit {rc})'} in {time.perf_counter() - started:.0f} s"
+    )
+    return rc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=cmd_simulate)
     demo = sub.add_parser("demo", help="the main job on an embedded default (the simulator for now)")
     demo.add_argument("--out", default="out", help="folder for the demo's JSON, trace and plot (default: out)")
+    demo.add_argument("--skip-recipe", action="store_true", help="only the simulation, not the CPU GRPO recipe")
     demo.set_defaults(func=cmd_demo)
     return parser
 

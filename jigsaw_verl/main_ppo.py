@@ -33,7 +33,8 @@ def prepare(config: DictConfig) -> None:
     if config.trainer.get("device") == "cpu":
         from .cpu.backend import prepare_cpu_run
 
-        prepare_cpu_run(config)
+        changed = prepare_cpu_run(config)
+        print(f"jigsaw_verl.main_ppo: CPU backend; set for the CPU: {', '.join(changed) or 'nothing'}", flush=True)
 
 
 @hydra.main(config_path="config", config_name="jigsaw_ppo_trainer", version_base=None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 CPU_ROLLOUTS = ("cpu",)
 # Logical CPU slots Ray advertises: verl's actors each ask for some (TransferQueue's controller and storage,
@@ -37,38 +37,43 @@ def check_cpu_config(config: DictConfig) -> None:
             "`python -m jigsaw_verl.cpu.assets` builds a tiny one)"
         )
     for key in ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy"):
-        from omegaconf import OmegaConf
-
         value = OmegaConf.select(config, key, default=None)
         if value not in (None, "fsdp", "fsdp2"):
             raise CPUConfigError(f"trainer.device=cpu supports FSDP2 training only; {key}={value!r}")
 
 
-def prepare_cpu_run(config: DictConfig) -> None:
-    """Check ``config`` and adapt it and the environment for a CPU run (before verl is imported)."""
+def prepare_cpu_run(config: DictConfig) -> list[str]:
+    """Check ``config`` and adapt it and the environment for a CPU run (before verl is imported).
+
+    Returns:
+        One line per setting changed from verl's GPU defaults, for the log.
+    """
     check_cpu_config(config)
     os.environ["VERL_PLATFORM"] = "cpu"  # inherited by the local Ray cluster's workers
     # hydra's config search path may already have imported verl (and its plugins) in this process.
     from .plugin import register
 
     register()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    changed = []
     with open_dict(config):
         for key in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"):
-            node = config
-            for part in key.split("."):
-                node = node[part]
-            if node.get("strategy") == "fsdp":  # FSDP1 needs an accelerator
+            node = OmegaConf.select(config, key)
+            if node is not None and node.get("strategy") == "fsdp":  # FSDP1 needs an accelerator
                 node.strategy = "fsdp2"
+                changed.append(f"{key}.strategy=fsdp2")
         model = config.actor_rollout_ref.model
         override = model.get("override_config") or {}
         if "attn_implementation" not in override:
             model.override_config = {**override, "attn_implementation": "sdpa"}  # no flash-attn on the CPU
+            changed.append("actor_rollout_ref.model.override_config.attn_implementation=sdpa")
         storage = config.transfer_queue.backend.get("SimpleStorage")
         if storage is not None and storage.get("num_data_storage_units", 1) > 2:
             storage.num_data_storage_units = 1
+            changed.append("transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
         ray_init = config.ray_kwargs.setdefault("ray_init", {})
         if ray_init.get("num_cpus") is None:
             ray_init.num_cpus = RAY_LOGICAL_CPUS
+            changed.append(f"ray_kwargs.ray_init.num_cpus={RAY_LOGICAL_CPUS}")
         env = ray_init.setdefault("runtime_env", {}).setdefault("env_vars", {})
         env["VERL_PLATFORM"] = "cpu"
+    return changed

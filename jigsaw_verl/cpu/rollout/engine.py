@@ -27,6 +27,7 @@ class Sequence:
         temperature: 0 means greedy.
         top_p: nucleus mass.
         top_k: -1 or 0 means no top-k.
+        ignore_eos: keep generating past end tokens until ``max_tokens``.
         generator: per-request random generator (sampling only).
         token_ids: tokens generated here.
         log_probs: log-probability of each generated token under the (temperature-scaled) distribution.
@@ -39,6 +40,7 @@ class Sequence:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    ignore_eos: bool = False
     generator: torch.Generator | None = None
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -85,7 +87,7 @@ class CPUGenerationEngine:
             token, logprob = self._sample(logits[i], s)
             s.token_ids.append(token)
             s.log_probs.append(logprob)
-            if token in self.eos or len(s.token_ids) >= s.max_tokens:
+            if (token in self.eos and not s.ignore_eos) or len(s.token_ids) >= s.max_tokens:
                 s.finished = "completed"
 
     def _sample(self, logits: torch.Tensor, s: Sequence) -> tuple[int, float]:

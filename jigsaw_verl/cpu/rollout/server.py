@@ -106,15 +106,17 @@ class CPURolloutServer:
             temperature=temperature,
             top_p=float(params.get("top_p", 1.0)),
             top_k=int(params.get("top_k", -1) or -1),
+            ignore_eos=bool(params.get("ignore_eos", False)),
         )
         if temperature > 0:
             seed = params.get("seed")
             if seed is None and self.deterministic:
-                # verl gives the n samples of one prompt the same request id under full determinism: count
-                # occurrences so each sample draws its own stream, reproducibly.
-                key = (self.global_steps, request_id)
+                # Under full determinism verl routes by request id, but its ids do not tell the n samples of a
+                # prompt apart (often not even different prompts). Seed by step, id, prompt and the occurrence
+                # of that prompt: the samples of a prompt differ, and arrival order between prompts is moot.
+                key = (self.global_steps, request_id, hashlib.sha256(repr(list(prompt_ids)).encode()).hexdigest())
                 self._occurrences[key] = self._occurrences.get(key, 0) + 1
-                seed = request_seed(self.seed, self.replica_rank, *key, self._occurrences[key])
+                seed = request_seed(self.seed, *key, self._occurrences[key])
             seq.generator = (
                 torch.Generator().manual_seed(int(seed))
                 if seed is not None
