@@ -33,6 +33,8 @@ class JigsawConfig:
     Attributes:
         horizon: stages per pipeline rolled forward when scoring a candidate; 0 is ``greedy``.
         max_candidates: candidate action sets scored per decision.
+        placement_budget: stage placements one roll-forward may make; with many pipelines the horizon shrinks to
+            ``placement_budget // pipelines`` (at least 1) so a decision stays within milliseconds.
         migration: whether tails may be merged (k -> m replicas).
         colocation: whether two sub-stages may share a GPU with SM shares.
         tail_live_per_replica: a rollout is in its tail below this many live requests per replica.
@@ -47,6 +49,7 @@ class JigsawConfig:
 
     horizon: int = 8
     max_candidates: int = 16
+    placement_budget: int = 128
     migration: bool = True
     colocation: bool = True
     min_gain: float = 0.02

@@ -44,6 +44,7 @@ class RollForward:
         now, n = snap.now_s, snap.num_gpus
         active = sum(v.arrived and not v.finished for v in snap.pipelines)
         self.fair = max(1, n // max(1, active))
+        self.horizon = min(policy.cfg.horizon, max(1, policy.cfg.placement_budget // max(1, active)))
         self.end = np.full(n, now)
         self.host_from = np.full(n, math.inf)
         self.owner = np.full(n, -1)
@@ -114,7 +115,7 @@ class RollForward:
 
     # ---- scoring ---------------------------------------------------------------------------------------------
     def score(self, actions: tuple) -> float:
-        """Predicted completion of every pipeline's next ``horizon`` stages under ``actions``: the latest one
+        """Predicted completion of every pipeline's next ``self.horizon`` stages under ``actions``: the latest one
         (weighted) plus the mean, so none is starved and no GPU time is wasted."""
         snap, p, now = self.snap, self.p, self.snap.now_s
         end, host, owner = self.end.copy(), self.host_from.copy(), self.owner.copy()
@@ -161,7 +162,7 @@ class RollForward:
         while heap:
             t, i, name, stage, step, depth = heapq.heappop(heap)
             spec = p.specs[name]
-            if depth >= p.cfg.horizon or step >= spec.steps or (stage == WEIGHT_SYNC and step == spec.steps - 1):
+            if depth >= self.horizon or step >= spec.steps or (stage == WEIGHT_SYNC and step == spec.steps - 1):
                 limit = spec.max_latency_inflation
                 excess = max(0.0, (t - now) - limit * p.alone_step_s[name] * depth / 4) if limit else 0.0
                 total += spec.weight * (t - now) + 10.0 * spec.weight * excess

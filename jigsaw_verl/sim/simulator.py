@@ -129,13 +129,14 @@ class MigrationRecord:
 
 @dataclass(frozen=True)
 class StageRecord:
-    """When a stage of a step started and ended."""
+    """When a stage of a step started and ended, and on how many GPUs it started."""
 
     pipeline: str
     step: int
     stage: str
     start_s: float
     end_s: float
+    gpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -387,16 +388,21 @@ class Simulator:
         detailed = getattr(self.policy, "detailed_snapshot", False)
         ready: list[ReadyStage] = []
         views = []
+        gangs: dict[str, list] = {}  # one pass over the pool, in GPU order
+        for occ in self.occ:
+            for g in occ:
+                if isinstance(g, _Gang):
+                    entries = gangs.setdefault(g.pipeline, [])
+                    if (g.step, g.stage, g.gpus) not in entries:
+                        entries.append((g.step, g.stage, g.gpus))
+        by_pipe: dict[str, list] = {}
+        for e in self.engines:
+            by_pipe.setdefault(e.pipeline, []).append(e)
+        homes = self._train_homes() if detailed else {}
         for ps in self.pipes.values():
             ready += [ReadyStage(ps.spec.name, k, s) for k, s in self._ready(ps)]
-            running = []
-            for occ in self.occ:
-                for g in occ:
-                    if isinstance(g, _Gang) and g.pipeline == ps.spec.name:
-                        entry = (g.step, g.stage, g.gpus)
-                        if entry not in running:
-                            running.append(entry)
-            engines = [e for e in self.engines if e.pipeline == ps.spec.name]
+            running = list(gangs.get(ps.spec.name, ()))
+            engines = by_pipe.get(ps.spec.name, [])
             if engines:
                 running.append((-1, ROLLOUT, tuple(sorted(g for e in engines for g in e.gpus))))
             since = tuple(
@@ -415,7 +421,7 @@ class Simulator:
                     running=tuple(running),
                     rollout_gpus=frozenset(g for e in engines for g in e.gpus),
                     running_since_s=since,
-                    train_gpus=self._train_home(ps.spec.name) if detailed else (),
+                    train_gpus=homes.get(ps.spec.name, ()),
                 )
             )
         if not detailed:  # the baselines decide on the basic fields
@@ -663,12 +669,14 @@ class Simulator:
     def _pinned(self) -> set:
         return {t.key for occ in self.occ for t in occ if t.key is not None}
 
-    def _train_home(self, pipeline: str) -> tuple[int, ...]:
-        for g in range(self.n):
-            for k in self.resident[g]:
-                if k[0] == pipeline and k[1] == "train":
-                    return k[2]
-        return ()
+    def _train_homes(self) -> dict[str, tuple[int, ...]]:
+        """Per pipeline, the GPUs holding its training state."""
+        out: dict[str, tuple[int, ...]] = {}
+        for res in self.resident:
+            for k in res:
+                if k[1] == "train":
+                    out.setdefault(k[0], k[2])
+        return out
 
     def _shrink_kv(self, gpus: tuple[int, ...]) -> None:
         """A sub-stage joined replicas' GPUs: their KV cache keeps what it holds and loses the rest."""
@@ -860,7 +868,8 @@ class Simulator:
 
     def _stage_done(self, ps: _Pipe, step: int, stage: str, t: float) -> None:
         ps.status[(step, stage)] = "done"
-        self.stage_log.append(StageRecord(ps.spec.name, step, stage, ps.started[(step, stage)], t))
+        width = ps.stage_gpus.get((step, stage), 0)
+        self.stage_log.append(StageRecord(ps.spec.name, step, stage, ps.started[(step, stage)], t, width))
         self.history.append(
             StageTiming(
                 pipeline=ps.spec.name,
@@ -868,7 +877,7 @@ class Simulator:
                 stage=stage,
                 start_s=ps.started[(step, stage)],
                 end_s=t,
-                gpus=ps.stage_gpus.get((step, stage), 0),
+                gpus=width,
                 finish_offsets_s=tuple(sorted(ps.finish_offsets.get(step, ()))) if stage == ROLLOUT else (),
             )
         )

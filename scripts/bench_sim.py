@@ -1,0 +1,207 @@
+"""Benchmark the JigsawRL scheduler against the baselines in simulation, plus its decision latency.
+
+Usage: ``python scripts/bench_sim.py [--json out/bench.json] [--md out/bench.md] [--latency-only]``.
+
+Per bundled workload and policy (every figure from one process, side by side, on the same sampled lengths):
+makespan, tokens/s, the ratio to ``verl`` and to the best of ``streamrl``/``areal``/``rollmux`` (> 1 is faster),
+makespan over the lower bound of the staleness the policy uses, mean and max per-pipeline latency inflation,
+requests migrated, and the GPU time re-prefill took as a share of the GPU time migrations freed. The ablations
+are in the same table: ``jigsaw-no-migration``, ``jigsaw-no-colocation`` and ``greedy`` (no look-ahead). The
+predictor's error per stage is reported for ``jigsaw``.
+
+Decision latency: synthetic workloads of 8 GPUs x 2 pipelines, 64 x 8 and 1024 x 64 are simulated under
+``greedy`` until enough decision points are sampled; ``jigsaw.schedule`` is then timed on those snapshots
+(p50/p99 of one call, this machine's CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from jigsaw_verl.core.lookahead import JigsawConfig, LookAheadPolicy
+from jigsaw_verl.core.spec import workload_from_dict
+from jigsaw_verl.sim.predictor_report import predictor_error
+from jigsaw_verl.sim.runner import Runner
+from jigsaw_verl.sim.simulator import Simulator
+from jigsaw_verl.sim.workload_file import bundled_workloads, load_workload
+
+POLICIES = [
+    "verl",
+    "verl-seq",
+    "streamrl",
+    "areal",
+    "rollmux",
+    "greedy",
+    "jigsaw-no-migration",
+    "jigsaw-no-colocation",
+    "jigsaw",
+]
+PEERS = ("streamrl", "areal", "rollmux")
+SCALES = ((8, 2), (64, 8), (1024, 64))
+SAMPLING_BUDGET_S = 60.0  # simulated decisions per scale before sampling stops
+
+
+def migration_figures(result) -> tuple[int, float, float]:
+    """(requests migrated, re-prefill GPU-seconds on targets, GPU-seconds the migrations freed)."""
+    moved = sum(m.requests for m in result.migrations)
+    freed = sum(m.freed_gpu_s for m in result.migrations)
+    reprefill = sum((s.end_s - s.start_s) * len(s.gpus) for s in result.slices if s.name == "reprefill")
+    return moved, (reprefill if result.migrations else 0.0), freed
+
+
+def bench_workload(path) -> dict:
+    w = load_workload(path)
+    runner = Runner(w, progress=lambda line: print(f"  {w.name}: {line}", file=sys.stderr))
+    rep = runner.report(POLICIES)
+    peer = min(rep.metrics[p].makespan_s for p in PEERS)
+    out = {"workload": w.name, "lower_bound_s": rep.lower_bound.makespan_s, "policies": {}}
+    for name, m in rep.metrics.items():
+        infl = [pm.latency_inflation for pm in m.pipelines.values()]
+        moved, reprefill, freed = migration_figures(rep.results[name])
+        out["policies"][name] = {
+            "config": m.config,
+            "makespan_s": m.makespan_s,
+            "tokens_per_s": m.tokens_per_s,
+            "vs_verl": m.ratio_vs_verl,
+            "vs_best_peer": peer / m.makespan_s,
+            "over_bound": m.makespan_s / m.lower_bound_s,
+            "mean_inflation": float(np.mean(infl)),
+            "max_inflation": float(np.max(infl)),
+            "migrated_requests": moved,
+            "reprefill_gpu_s": reprefill,
+            "freed_gpu_s": freed,
+            "reprefill_pct_of_freed": 100.0 * reprefill / freed if freed > 0 else None,
+        }
+    err = predictor_error(w, rep.results["jigsaw"], runner.cost)
+    out["predictor_error_jigsaw"] = {"mean": err.mean, "max": err.max}
+    return out
+
+
+def synthetic(num_gpus: int, pipelines: int) -> dict:
+    """A pool of ``num_gpus`` H100s shared by ``pipelines`` small GRPO jobs (two model sizes, short CoT)."""
+    pipes = [
+        {
+            "name": f"p{i}",
+            "model": "qwen3-0.6b" if i % 2 else "qwen3-4b",
+            "batch_prompts": 16,
+            "group_size": 4,
+            "prompt_len": {"median": 100, "p99": 300, "max": 512},
+            "response_len": {"median": 300, "p99": 2000, "max": 2048, "group_corr": 0.5, "drift": 0.02},
+            "train_micro_batch_tokens": 8192,
+            "steps": 3,
+            "arrival_s": float(i % 4),
+        }
+        for i in range(pipelines)
+    ]
+    return {
+        "name": f"synthetic-{num_gpus}x{pipelines}",
+        "cluster": {"gpu": "H100-80G", "num_gpus": num_gpus, "gpus_per_node": 8},
+        "pipelines": pipes,
+    }
+
+
+class _Enough(Exception):
+    pass
+
+
+def decision_latency(num_gpus: int, pipelines: int, samples: int = 30) -> dict:
+    """p50/p99 milliseconds of one ``jigsaw`` decision on snapshots sampled from a ``greedy`` run (decisions
+    with a ready stage, every eighth beyond 8 pipelines, from the start, for at most a minute of simulation: at
+    1024 GPUs the whole run would take long)."""
+    w = workload_from_dict(synthetic(num_gpus, pipelines), f"synthetic-{num_gpus}x{pipelines}")
+    greedy = LookAheadPolicy(w, JigsawConfig(horizon=0, migration=False), name="greedy")
+    jigsaw = LookAheadPolicy(w, JigsawConfig(), name="jigsaw")
+    for p in w.pipelines:  # priors are built once per pipeline at first use, not per decision
+        jigsaw.pred.prior(p.name)
+    snaps, calls, began = [], [0], time.perf_counter()
+    every = 1 if pipelines <= 8 else 8
+    inner = greedy.schedule
+
+    def sample(snap):
+        if snap.ready:
+            calls[0] += 1
+            if calls[0] % every == 0:
+                snaps.append(snap)
+            if len(snaps) >= samples or time.perf_counter() - began > SAMPLING_BUDGET_S:
+                raise _Enough
+        return inner(snap)
+
+    greedy.schedule = sample
+    try:
+        Simulator(w, greedy).run()
+    except _Enough:
+        pass
+    times = []
+    for snap in snaps:
+        t = time.perf_counter()
+        jigsaw.schedule(snap)
+        times.append(1e3 * (time.perf_counter() - t))
+    return {
+        "gpus": num_gpus,
+        "pipelines": pipelines,
+        "decisions": len(times),
+        "p50_ms": float(np.percentile(times, 50)),
+        "p99_ms": float(np.percentile(times, 99)),
+    }
+
+
+def markdown(results: list[dict], latency: list[dict]) -> str:
+    lines = [
+        "| workload | policy | makespan s | tokens/s | vs verl | vs best peer | vs bound | mean infl. | max infl. "
+        "| migrated | re-prefill % of freed |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        for name, m in r["policies"].items():
+            pct = m["reprefill_pct_of_freed"]
+            lines.append(
+                f"| {r['workload']} | {name} | {m['makespan_s']:.0f} | {m['tokens_per_s']:,.0f} | {m['vs_verl']:.2f}x "
+                f"| {m['vs_best_peer']:.2f}x | {m['over_bound']:.2f}x | {m['mean_inflation']:.2f}x "
+                f"| {m['max_inflation']:.2f}x | {m['migrated_requests']} | {'-' if pct is None else f'{pct:.1f}%'} |"
+            )
+        lines.append(f"| {r['workload']} | *lower bound* | {r['lower_bound_s']:.0f} | | | | | | | | |")
+    lines += ["", "| predictor (jigsaw runs) | rollout | log-prob | update |", "|---|---:|---:|---:|"]
+    for r in results:
+        e = r["predictor_error_jigsaw"]
+        cells = " | ".join(f"{100 * e['mean'][s]:.0f}% (max {100 * e['max'][s]:.0f}%)" for s in e["mean"])
+        lines.append(f"| {r['workload']} | {cells} |")
+    lines += ["", "| decision latency | decisions | p50 ms | p99 ms |", "|---|---:|---:|---:|"]
+    for d in latency:
+        lines.append(
+            f"| {d['gpus']} GPUs x {d['pipelines']} pipelines | {d['decisions']} | {d['p50_ms']:.2f} | "
+            f"{d['p99_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write all figures here")
+    ap.add_argument("--md", help="also write the markdown table here")
+    ap.add_argument("--latency-only", action="store_true", help="skip the workloads, time decisions only")
+    args = ap.parse_args(argv)
+    start = time.time()
+    results = [] if args.latency_only else [bench_workload(f) for f in bundled_workloads()]
+    latency = []
+    for gpus, pipes in SCALES:
+        print(f"  timing decisions at {gpus} x {pipes}", file=sys.stderr)
+        latency.append(decision_latency(gpus, pipes))
+    table = markdown(results, latency)
+    print(table)
+    print(f"\n({time.time() - start:.0f} s)", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"workloads": results, "decision_latency": latency}, fh, indent=2)
+    if args.md:
+        with open(args.md, "w") as fh:
+            fh.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The JigsawRL scheduler: valid schedules, migration and co-location executed correctly, horizon 0 = greedy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_pipeline, tiny_workload_dict
+from schedule_checks import check_all, check_no_gpu_oversubscribed
+from test_simulator_on_cpu import WORKLOADS
+
+from jigsaw_verl.core.cost_model import CostModel
+from jigsaw_verl.core.graph import ROLLOUT
+from jigsaw_verl.core.lookahead import JigsawConfig, LookAheadPolicy
+from jigsaw_verl.core.migration import plan_migration
+from jigsaw_verl.core.resources import InterferenceTable
+from jigsaw_verl.core.rollout_engine import ReplicaEngine, Request
+from jigsaw_verl.core.scheduling import Migrate, ReplicaView, SchedulerOutput, StartStage
+from jigsaw_verl.core.spec import SpecError, workload_from_dict
+from jigsaw_verl.sim.policies import POLICIES
+from jigsaw_verl.sim.predictor_report import predictor_error
+from jigsaw_verl.sim.simulator import SimulationError, Simulator
+
+JIGSAW = ("greedy", "jigsaw", "jigsaw-no-migration", "jigsaw-no-colocation")
+# A long tail on few GPUs: co-location and migration both have something to do.
+TAILS = tiny_workload_dict(
+    num_gpus=4,
+    pipelines=[
+        tiny_pipeline("a", batch_prompts=8, response_len={"median": 100, "p99": 900, "max": 1024, "group_corr": 0.5}),
+        tiny_pipeline("b", batch_prompts=8, response_len={"median": 100, "p99": 900, "max": 1024, "group_corr": 0.5}),
+    ],
+)
+
+
+@pytest.mark.parametrize("policy", JIGSAW)
+@pytest.mark.parametrize("wname", sorted(WORKLOADS) + ["tails"])
+def test_schedules_are_valid(policy, wname):
+    w = workload_from_dict(TAILS if wname == "tails" else WORKLOADS[wname], wname)
+    (c,) = POLICIES.get(policy)(w)
+    r = Simulator(w, c).run()
+    check_all(w, r)
+    assert all(s == 0 for p, s in r.staleness.items() if w.pipeline(p).mode == "sync")  # on-policy as declared
+
+
+def test_horizon_zero_is_greedy():
+    w = workload_from_dict(TAILS, "tails")
+    (greedy,) = POLICIES.get("greedy")(w)
+    zero = LookAheadPolicy(w, JigsawConfig(horizon=0), name="jigsaw")
+    a, b = Simulator(w, greedy).run(), Simulator(w, zero).run()
+    assert a.makespan_s == b.makespan_s and a.slices == b.slices and a.stages == b.stages
+
+
+def test_deterministic():
+    w = workload_from_dict(WORKLOADS["async-late-arrival"])
+    (c,) = POLICIES.get("jigsaw")(w)
+    a, b = Simulator(w, c).run(), Simulator(w, c).run()
+    assert a.makespan_s == b.makespan_s and a.slices == b.slices and a.migrations == b.migrations
+
+
+def test_greedy_colocates_within_shares():
+    w = workload_from_dict(TAILS, "tails")
+    (c,) = POLICIES.get("greedy")(w)
+    r = Simulator(w, c).run()
+    shared = [s for s in r.slices if s.sm_shares]
+    assert shared, "the tail workload should make greedy co-locate"
+    assert all(0 < x < 1 for s in shared for x in s.sm_shares)
+    check_no_gpu_oversubscribed(r)
+
+
+class MigratingPolicy:
+    """Greedy, except that whenever a pipeline's rollout has two or more replicas with nothing queued, all but
+    the first are merged into it (a k -> 1 migration every time it can)."""
+
+    detailed_snapshot = True
+
+    def __init__(self, w):
+        self.inner = LookAheadPolicy(w, JigsawConfig(horizon=0, colocation=False), name="migrating")
+        self.name, self.config = "migrating", "test"
+
+    def mode(self, pipeline):
+        return self.inner.mode(pipeline)
+
+    def schedule(self, snap):
+        for v in snap.pipelines:
+            reps = [r for r in snap.replicas if r.pipeline == v.name]
+            if len(reps) > 1 and all(r.queued == 0 and r.live > 0 for r in reps):
+                return SchedulerOutput((Migrate(v.name, tuple(r.replica for r in reps[1:]), (reps[0].replica,)),))
+        return self.inner.schedule(snap)
+
+
+def test_migration_loses_and_duplicates_no_token():
+    w = workload_from_dict(TAILS, "tails")
+    r = Simulator(w, MigratingPolicy(w)).run()
+    check_all(w, r)  # every response generated exactly its length, finished exactly once
+    assert r.migrations and sum(m.requests for m in r.migrations) > 0
+    assert r.reprefill_tokens >= sum(m.reprefill_tokens for m in r.migrations) > 0
+    assert any(s.name == "reprefill" for s in r.slices)
+
+
+def test_simulator_rejects_bad_actions():
+    w = workload_from_dict(TAILS, "tails")
+
+    class Bad:
+        name, config, detailed_snapshot = "bad", "test", True
+
+        def __init__(self, actions):
+            self.actions, self.done = actions, False
+
+        def mode(self, pipeline):
+            return POLICIES.get("greedy")(w)[0].mode(pipeline)
+
+        def schedule(self, snap):
+            if self.done:
+                return SchedulerOutput()
+            self.done = True
+            return SchedulerOutput(self.actions)
+
+    both = (StartStage("a", 0, ROLLOUT, (0, 1)), StartStage("b", 0, ROLLOUT, (0,), 1.0))
+    with pytest.raises(SimulationError, match="busy"):
+        Simulator(w, Bad(both)).run()
+    with pytest.raises(SimulationError, match="share"):
+        Simulator(w, Bad((StartStage("a", 0, ROLLOUT, (0,), 0.0),))).run()
+    with pytest.raises(SimulationError, match="not live"):
+        Simulator(w, Bad((Migrate("a", (7,), (8,)),))).run()
+
+
+def test_engine_abort_hands_back_tokens_so_far():
+    w = workload_from_dict(TAILS, "tails")
+    cost = CostModel(w.cluster.gpu)
+    model = w.pipelines[0].model
+    src, dst = ReplicaEngine(cost, model, 1, 10**6), ReplicaEngine(cost, model, 1, 10**6)
+    reqs = [Request(0, i, 50, 200 + 100 * i) for i in range(3)]
+    src.submit(reqs, 0.0)
+    t = src.next_event_s()
+    src.advance(t)  # prefill done: the first decode segment runs until the shortest response ends
+    t = (t + src.next_event_s()) / 2
+    moved, acts = src.abort(t)
+    assert acts and acts[0].end_s <= t
+    assert not src.busy and len(moved) == 3 and all(1 < g < r.response_len for r, g in moved)
+    for r, g in moved:
+        dst.resume(r, g, t)
+    finished = {}
+    while (e := dst.next_event_s()) is not None:
+        for r, _, generated in dst.advance(e)[0]:
+            finished[r.index] = generated
+    assert finished == {r.index: r.response_len for r in reqs}
+    assert dst.reprefill_tokens == sum(r.prompt_len + g for r, g in moved)
+
+
+def test_migration_planner_prices_the_merge():
+    w = workload_from_dict(TAILS, "tails")
+    spec, cost = w.pipelines[0], CostModel(w.cluster.gpu)
+    reps = [ReplicaView(replica=i, pipeline="a", step=0, gpus=(i,), live=1, queued=0, context_tokens=600,
+                        generated_tokens=500, started_s=0.0) for i in range(4)]  # fmt: skip
+    plan = plan_migration(spec, cost, reps, [5.0] * 4, tail_live_per_replica=2, max_live_per_target=2)
+    assert plan is not None and len(plan.action.targets) == 2 and len(plan.freed_gpus) == 2
+    assert plan.reprefill_s > 0 and plan.slowdown >= 1 and plan.freed_gpu_s == 10.0
+    busy = [ReplicaView(**{**r.__dict__, "queued": 3}) for r in reps]
+    assert plan_migration(spec, cost, busy, [5.0] * 4, tail_live_per_replica=2, max_live_per_target=2) is None
+
+
+def test_interference_table_file_round_trip(tmp_path):
+    w = workload_from_dict(TAILS, "tails")
+    table = InterferenceTable.from_cost_model(CostModel(w.cluster.gpu))
+    table.save(tmp_path / "t.json")
+    assert InterferenceTable.load(tmp_path / "t.json") == table
+    share, mem, train = table.best_share("memory", "compute")
+    assert 0 < share < 1 and 0 < mem <= 1 and 0 < train <= 1
+    bad = json.loads((tmp_path / "t.json").read_text())
+    bad["rates"]["compute|memory"] = [[2.0, 0.5]]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="rates.compute|memory"):
+        InterferenceTable.load(tmp_path / "bad.json")
+    cfg = JigsawConfig(interference_file=str(tmp_path / "t.json"))
+    assert LookAheadPolicy(w, cfg, name="jigsaw").tail_share == share
+
+
+def test_weight_and_latency_limit_keys():
+    d = tiny_workload_dict(pipelines=[tiny_pipeline("a", weight=2.0, max_latency_inflation=1.5), tiny_pipeline("b")])
+    w = workload_from_dict(d)
+    assert w.pipeline("a").weight == 2.0 and w.pipeline("a").max_latency_inflation == 1.5
+    assert w.pipeline("b").weight == 1.0 and w.pipeline("b").max_latency_inflation is None
+    (c,) = POLICIES.get("jigsaw")(w)
+    check_all(w, Simulator(w, c).run())
+    for key, value in (("weight", 0), ("max_latency_inflation", 0.5), ("weight", "high")):
+        bad = tiny_workload_dict(pipelines=[tiny_pipeline("a", **{key: value}), tiny_pipeline("b")])
+        with pytest.raises(SpecError, match=key):
+            workload_from_dict(bad)
+
+
+def test_predictor_error_is_reported():
+    w = workload_from_dict(TAILS, "tails")
+    (c,) = POLICIES.get("jigsaw")(w)
+    err = predictor_error(w, Simulator(w, c).run())
+    assert err.samples[ROLLOUT] == sum(p.steps - 1 for p in w.pipelines)
+    assert all(v >= 0 for v in err.mean.values())
