@@ -205,7 +205,7 @@ class LookAheadPolicy:
                 taken |= set(home)
                 continue
             else:
-                gpus = sorted(free)[: min(cap, self._best_width(r.pipeline, r.stage, len(free)))]
+                gpus = sorted(free)[: max(need, min(cap, self._best_width(r.pipeline, r.stage, len(free))))]
                 gpus = gpus[: len(gpus) // unit * unit]
             share = 1.0
             if colocate and r.stage in (ROLLOUT, LOGPROB):

@@ -111,7 +111,7 @@ class RollForward:
             return min(k, home[name])
         if k <= 0:
             return 0
-        return self.p._best_width(name, LOGPROB, k)
+        return max(min(k, self.p.rm.min_train[name]), self.p._best_width(name, LOGPROB, k))
 
     # ---- scoring ---------------------------------------------------------------------------------------------
     def score(self, actions: tuple) -> float:
