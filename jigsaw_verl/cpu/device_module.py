@@ -23,22 +23,12 @@ def _rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def _total_bytes() -> int:
+def _meminfo_bytes(field: str) -> int:
+    """A ``/proc/meminfo`` field in bytes (0 where there is none)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -53,7 +43,7 @@ _module.memory_reserved = lambda device=None: _rss_bytes()
 _module.max_memory_allocated = lambda device=None: _rss_bytes()
 _module.max_memory_reserved = lambda device=None: _rss_bytes()
 _module.reset_peak_memory_stats = lambda device=None: None
-_module.mem_get_info = lambda device=None: (_available_bytes(), _total_bytes())
+_module.mem_get_info = lambda device=None: (_meminfo_bytes("MemAvailable"), _meminfo_bytes("MemTotal"))
 _module.get_rng_state = lambda device=None: torch.get_rng_state()
 _module.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
 _module.manual_seed = torch.manual_seed
