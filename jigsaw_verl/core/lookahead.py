@@ -34,7 +34,8 @@ class JigsawConfig:
         horizon: stages per pipeline rolled forward when scoring a candidate; 0 is ``greedy``.
         max_candidates: candidate action sets scored per decision.
         placement_budget: stage placements one roll-forward may make; with many pipelines the horizon shrinks to
-            ``placement_budget // pipelines`` (at least 1) so a decision stays within milliseconds.
+            ``placement_budget // pipelines`` (at least 1), and a decision scores at most ``4 * placement_budget``
+            placements (at least 2 candidates), so it stays within milliseconds.
         migration: whether tails may be merged (k -> m replicas).
         colocation: whether two sub-stages may share a GPU with SM shares.
         tail_live_per_replica: a rollout is in its tail below this many live requests per replica.
@@ -122,7 +123,9 @@ class LookAheadPolicy:
             if c not in seen:
                 seen.add(c)
                 unique.append(c)
-        unique = unique[: self.cfg.max_candidates]
+        # NOTE: candidates x pipelines x horizon bounds the work of a decision; at scale fewer candidates are scored.
+        limit = max(2, 4 * self.cfg.placement_budget // max(1, ctx.active * ctx.horizon))
+        unique = unique[: min(self.cfg.max_candidates, limit)]
         if len(unique) == 1:
             return SchedulerOutput(greedy)
         scores = [ctx.score(c) for c in unique]

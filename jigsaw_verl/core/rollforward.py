@@ -42,7 +42,7 @@ class RollForward:
         self.corr = policy.pred.corrections(snap.history)
         self.curves = {h.pipeline: h for h in snap.history if h.stage == ROLLOUT}
         now, n = snap.now_s, snap.num_gpus
-        active = sum(v.arrived and not v.finished for v in snap.pipelines)
+        active = self.active = sum(v.arrived and not v.finished for v in snap.pipelines)
         self.fair = max(1, n // max(1, active))
         self.horizon = min(policy.cfg.horizon, max(1, policy.cfg.placement_budget // max(1, active)))
         self.end = np.full(n, now)
