@@ -43,3 +43,14 @@ def tiny_workload_dict(num_gpus: int = 4, pipelines: list[dict] | None = None, *
 @pytest.fixture
 def tiny_workload():
     return workload_from_dict(tiny_workload_dict(), "tiny.yaml")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray session shared by every test that needs actors (a start costs seconds)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -56,6 +56,7 @@ class CPURolloutServer:
         self.deterministic = bool(getattr(config, "full_determinism", False))
         self.global_steps: int | None = None
         self._shapes: dict[str, torch.Size] | None = None  # set while weights are released
+        self._host_copy: dict[str, torch.Tensor] | None = None  # kept by a level-1 sleep
         self._waiting: list[tuple[Sequence, asyncio.Future]] = []
         self._live: list[tuple[Sequence, asyncio.Future]] = []
         self._step_lock = asyncio.Lock()
@@ -199,22 +200,28 @@ class CPURolloutServer:
             await asyncio.sleep(0.01)
 
     # ---- memory ----------------------------------------------------------------------------------------------
-    async def sleep(self) -> None:
-        """Release the weights (the trainer sends fresh ones before the next rollout)."""
+    async def sleep(self, level: int = 2) -> None:
+        """Release the weights, as vLLM's sleep levels do: level 1 keeps a host copy that ``wake_up`` restores
+        (a migrated-from replica), level 2 drops them (the trainer sends fresh weights before the next
+        rollout, verl's hybrid engine)."""
         await self.wait_for_requests_to_drain()
         async with self._step_lock:
             if self._shapes is None:
-                self._shapes = {n: p.shape for n, p in self.model.named_parameters()}
-                for p in self.model.parameters():
+                params = dict(self.model.named_parameters())
+                self._shapes = {n: p.shape for n, p in params.items()}
+                self._host_copy = {n: p.data for n, p in params.items()} if level == 1 else None
+                for p in params.values():
                     p.data = torch.empty(0)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        """Re-allocate released weights (``weights`` tag; the KV cache needs nothing on the CPU)."""
+        """Re-allocate released weights (``weights`` tag): from the host copy after a level-1 sleep, else zeros
+        that the next weight update fills. The KV cache needs nothing on the CPU."""
         if (tags is None or "weights" in tags) and self._shapes is not None:
             async with self._step_lock:
+                copy = self._host_copy or {}
                 for n, p in self.model.named_parameters():
-                    p.data = torch.zeros(self._shapes[n])
-                self._shapes = None
+                    p.data = copy[n] if n in copy else torch.zeros(self._shapes[n])
+                self._shapes, self._host_copy = None, None
 
     async def clear_kv_cache(self) -> None:
         return None

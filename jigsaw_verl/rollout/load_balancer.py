@@ -1,0 +1,43 @@
+"""``MigratingLoadBalancer``: verl's global load balancer plus what migration needs to know.
+
+Built on ``verl/workers/rollout/router.py`` (``GlobalRequestLoadBalancer``): routing is unchanged (sticky
+sessions, least in-flight); removing a server already drops its sticky entries lazily. This subclass records
+which servers were taken out of routing for migration, so they can be put back, and reports routing state.
+Pass it as ``load_balancer_cls`` to verl's ``LLMServerManager`` / ``get_router_handle``.
+"""
+
+from __future__ import annotations
+
+from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+
+class MigratingLoadBalancer(GlobalRequestLoadBalancer):
+    """verl's load balancer with parking: servers taken out of routing keep their handle for restore."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._parked: dict = {}
+
+    def park_servers(self, server_ids: list[str]) -> dict[str, int]:
+        """Stop routing to ``server_ids`` (new requests and resumed ones go elsewhere); returns each one's
+        in-flight count at that moment."""
+        missing = [s for s in server_ids if s not in self._servers]
+        if missing:
+            raise KeyError(f"not routable (unknown or already parked): {missing}")
+        if len(server_ids) >= len(self._servers):
+            raise ValueError("cannot park every server: migrated requests need somewhere to go")
+        inflight = {s: self._inflight_requests.get(s, 0) for s in server_ids}
+        for s in server_ids:
+            self._parked[s] = self._servers[s]
+        self.remove_servers(server_ids)
+        return inflight
+
+    def unpark_servers(self, server_ids: list[str]) -> None:
+        """Put parked servers back into routing."""
+        missing = [s for s in server_ids if s not in self._parked]
+        if missing:
+            raise KeyError(f"not parked: {missing}")
+        self.add_servers({s: self._parked.pop(s) for s in server_ids})
+
+    def parked_servers(self) -> list[str]:
+        return list(self._parked)

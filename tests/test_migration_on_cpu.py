@@ -1,0 +1,100 @@
+"""Rollout migration on real CPU rollout servers in Ray, through verl's own load balancer and resuming client."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from jigsaw_verl.cpu.assets import build_tiny_assets
+
+RESPONSE = 24
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    assets = build_tiny_assets()
+    tok = AutoTokenizer.from_pretrained(assets.model)
+    rows = pd.read_parquet(assets.train_file)["prompt"].tolist()[:32]
+    return [
+        tok(tok.apply_chat_template(list(r), add_generation_prompt=True, tokenize=False), add_special_tokens=False)[
+            "input_ids"
+        ]
+        for r in rows
+    ]
+
+
+def _rollout(ray, n_servers: int):
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+    from jigsaw_verl.cpu.rollout.server import CPURolloutServer
+    from jigsaw_verl.rollout.load_balancer import MigratingLoadBalancer
+    from jigsaw_verl.rollout.migrator import RolloutMigrator
+
+    assets = build_tiny_assets()
+    cfg = SimpleNamespace(max_num_seqs=64, prompt_length=64, response_length=RESPONSE, max_model_len=None, seed=0,
+                          full_determinism=False)  # fmt: skip
+    servers = {
+        f"r{i}": ray.remote(CPURolloutServer)
+        .options(max_concurrency=1000, num_cpus=0)
+        .remote(config=cfg, model_config=SimpleNamespace(local_path=str(assets.model)), replica_rank=i)
+        for i in range(n_servers)
+    }
+    lb = ray.remote(MigratingLoadBalancer).remote(servers=servers)
+    config = OmegaConf.create(
+        {"actor_rollout_ref": {"rollout": {"name": "cpu", "full_determinism": False, "response_length": RESPONSE}}}
+    )
+    client = FullyAsyncLLMServerClient(config=config, load_balancer_handle=lb)
+    return servers, lb, client, RolloutMigrator(lb, servers)
+
+
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "ignore_eos": True}
+
+
+async def _generate_all(client, prompts):
+    return await asyncio.gather(
+        *[client.generate(f"req-{i}", prompt_ids=p, sampling_params=dict(GREEDY)) for i, p in enumerate(prompts)]
+    )
+
+
+def test_greedy_tokens_identical_with_a_migration_midway(ray_session, prompts):
+    async def go():
+        servers, _, client, _ = _rollout(ray_session, 2)
+        plain = await _generate_all(client, prompts)
+        servers, lb, client, migrator = _rollout(ray_session, 2)
+        task = asyncio.create_task(_generate_all(client, prompts))
+        while (await servers["r1"].telemetry.remote())["tokens_generated"] < 5 * 16:
+            await asyncio.sleep(0.005)
+        report = await migrator.migrate(["r1"])
+        moved = await task
+        after = await migrator.telemetry()
+        await migrator.restore(["r1"])
+        restored = await lb.get_all_servers.remote()
+        return plain, moved, report, after, restored
+
+    plain, moved, report, after, restored = asyncio.run(go())
+    assert report.sources == ("r1",) and report.targets == ("r0",)
+    assert report.migrated_requests > 0  # requests really were in flight on the source
+    assert len(moved) == len(plain) == 32
+    for a, b in zip(plain, moved):
+        assert len(b.token_ids) == RESPONSE and b.stop_reason == "length"
+        assert a.token_ids == b.token_ids  # one continuous response, token for token
+        assert b.log_probs == pytest.approx(a.log_probs, abs=1e-4)
+    assert not after["r1"]["routable"] and after["r1"]["live_requests"] == 0
+    assert sorted(restored) == ["r0", "r1"]
+
+
+def test_migrating_everything_is_refused(ray_session):
+    async def go():
+        _, _, _, migrator = _rollout(ray_session, 2)
+        with pytest.raises(Exception, match="cannot park every server"):
+            await migrator.migrate(["r0", "r1"])
+        with pytest.raises(KeyError, match="unknown replicas"):
+            await migrator.migrate(["r9"])
+
+    asyncio.run(go())
