@@ -45,7 +45,8 @@ class PolicyMetrics:
         makespan_s: when the last pipeline finished, seconds.
         tokens_per_s: prompt + response tokens of all trained samples over the makespan.
         ratio_vs_verl: ``verl``'s makespan over this one's (> 1 is faster than verl).
-        gpu_busy_frac: share of GPU-time running a sub-stage (driver-side reward/advantage excluded).
+        gpu_busy_frac: share of GPU-time running a sub-stage (driver-side reward/advantage excluded; co-located
+            sub-stages count their SM shares).
         mfu: useful model FLOPs over peak FLOPs of the pool for the makespan.
         lower_bound_s: the bound for the staleness this policy runs the pipelines with.
         reprefill_tokens: tokens re-prefilled after interrupts or migrations.
@@ -185,7 +186,8 @@ def summarize(
     r: SimResult, w: WorkloadSpec, tokens: int, verl_makespan_s: float, alone: dict[str, float], bound_s: float
 ) -> PolicyMetrics:
     G = w.cluster.num_gpus
-    busy = sum((s.end_s - s.start_s) * len(s.gpus) for s in r.slices if s.bound != "cpu")
+    # A co-located slice counts its SM share of each GPU, so a shared GPU is never more than fully busy.
+    busy = sum((s.end_s - s.start_s) * (sum(s.sm_shares) or len(s.gpus)) for s in r.slices if s.bound != "cpu")
     flops = sum(s.flops for s in r.slices)
     pipes = {}
     for p in w.pipelines:
