@@ -30,9 +30,8 @@ def prompts():
 
 
 def _rollout(ray, n_servers: int):
-    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
-
     from jigsaw_verl.cpu.rollout.server import CPURolloutServer
+    from jigsaw_verl.rollout.client import MigratingLLMServerClient
     from jigsaw_verl.rollout.load_balancer import MigratingLoadBalancer
     from jigsaw_verl.rollout.migrator import RolloutMigrator
 
@@ -49,7 +48,7 @@ def _rollout(ray, n_servers: int):
     config = OmegaConf.create(
         {"actor_rollout_ref": {"rollout": {"name": "cpu", "full_determinism": False, "response_length": RESPONSE}}}
     )
-    client = FullyAsyncLLMServerClient(config=config, load_balancer_handle=lb)
+    client = MigratingLLMServerClient(config=config, load_balancer_handle=lb)
     return servers, lb, client, RolloutMigrator(lb, servers)
 
 
@@ -98,3 +97,56 @@ def test_migrating_everything_is_refused(ray_session):
             await migrator.migrate(["r9"])
 
     asyncio.run(go())
+
+
+SAMPLE = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+
+def test_many_requests_migrate_none_lost_none_run_twice(ray_session, prompts):
+    """Sampling (some finish early, at their end token): every request returns once, whole, and no finished
+    request is run again: the servers saw exactly one call per request plus one per migrated request."""
+
+    async def go():
+        servers, _, client, migrator = _rollout(ray_session, 3)
+        many = prompts * 2
+        task = asyncio.gather(
+            *[client.generate(f"m-{i}", prompt_ids=p, sampling_params=dict(SAMPLE)) for i, p in enumerate(many)]
+        )
+        while (
+            sum(t["tokens_generated"] for t in await asyncio.gather(*[h.telemetry.remote() for h in servers.values()]))
+            < 120
+        ):
+            await asyncio.sleep(0.005)
+        report = await migrator.migrate(["r1", "r2"])
+        outs = await task
+        calls = sum(t["requests"] for t in await asyncio.gather(*[h.telemetry.remote() for h in servers.values()]))
+        return many, outs, report, calls
+
+    many, outs, report, calls = asyncio.run(go())
+    assert len(outs) == len(many)
+    for o in outs:
+        assert o.stop_reason in ("completed", "length") and 1 <= len(o.token_ids) <= RESPONSE
+        assert len(o.log_probs) == len(o.token_ids)
+    assert report.migrated_requests > 0
+    assert calls == len(many) + report.migrated_requests
+
+
+def test_killed_replica_requests_resume_elsewhere(ray_session, prompts):
+    """The fault path is the migration path: kill a replica's actor mid-generation; its requests resume on
+    the other replica and finish with the same greedy text."""
+
+    async def go():
+        servers, _, client, _ = _rollout(ray_session, 2)
+        plain = await _generate_all(client, prompts[:12])
+        servers, lb, client, _ = _rollout(ray_session, 2)
+        task = asyncio.create_task(_generate_all(client, prompts[:12]))
+        while (await servers["r1"].telemetry.remote())["tokens_generated"] < 20:
+            await asyncio.sleep(0.005)
+        ray_session.kill(servers["r1"])
+        outs = await task
+        return plain, outs, await lb.get_all_servers.remote()
+
+    plain, outs, routable = asyncio.run(go())
+    assert routable == ["r0"]
+    for a, b in zip(plain, outs):
+        assert a.token_ids == b.token_ids and len(b.token_ids) == RESPONSE

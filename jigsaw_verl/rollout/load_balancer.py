@@ -41,3 +41,23 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
 
     def parked_servers(self) -> list[str]:
         return list(self._parked)
+
+    async def drop_dead_servers(self, timeout_s: float = 5.0) -> list[str]:
+        """Remove servers whose actor no longer answers (died or unreachable); return their ids."""
+        import asyncio
+
+        import ray
+
+        async def alive(handle) -> bool:
+            try:
+                await asyncio.wait_for(handle.__ray_ready__.remote(), timeout_s)
+                return True
+            except (ray.exceptions.RayActorError, asyncio.TimeoutError):
+                return False
+
+        ids = list(self._servers)
+        states = await asyncio.gather(*[alive(self._servers[s]) for s in ids])
+        dead = [s for s, ok in zip(ids, states) if not ok]
+        if dead:
+            self.remove_servers(dead)
+        return dead
