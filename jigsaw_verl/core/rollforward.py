@@ -40,6 +40,7 @@ class RollForward:
     def __init__(self, policy: LookAheadPolicy, snap: Snapshot):
         self.p, self.snap = policy, snap
         self.corr = policy.pred.corrections(snap.history)
+        self._dur: dict[tuple[str, str, int], float] = {}
         self.curves = {h.pipeline: h for h in snap.history if h.stage == ROLLOUT}
         now, n = snap.now_s, snap.num_gpus
         active = self.active = sum(v.arrived and not v.finished for v in snap.pipelines)
@@ -99,8 +100,11 @@ class RollForward:
         )
 
     def dur(self, name: str, stage: str, gpus: int) -> float:
-        """Predicted seconds of ``stage`` of ``name`` on ``gpus`` GPUs running alone."""
-        return self.corr.get((name, stage), 1.0) * _interp(self.p.pred.prior(name)[stage], max(1, gpus))
+        """Predicted seconds of ``stage`` of ``name`` on ``gpus`` GPUs running alone (memoised per decision)."""
+        key = (name, stage, gpus)
+        if key not in self._dur:
+            self._dur[key] = self.corr.get((name, stage), 1.0) * _interp(self.p.pred.prior(name)[stage], max(1, gpus))
+        return self._dur[key]
 
     def _width(self, name: str, stage: str, k: int, home: dict[str, int]) -> int:
         """The width the policy would give ``stage`` out of ``k`` GPUs."""
