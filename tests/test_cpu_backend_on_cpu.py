@@ -46,6 +46,13 @@ def test_unknown_jigsaw_key_fails_before_ray():
     assert r.returncode == 2 and "jigsaw.mux_group" in r.stderr and "ray init" not in r.stdout + r.stderr
 
 
+def test_migration_keys_are_checked_before_ray():
+    r, _ = _main_ppo("jigsaw.migration.enable=true", "+jigsaw.migration.threshold=3", "trainer.device=cpu")
+    assert r.returncode == 2 and "jigsaw.migration.threshold" in r.stderr
+    r, _ = _main_ppo("jigsaw.migration.enable=true", "trainer.v1.trainer_mode=separate_async", "trainer.device=cpu")
+    assert r.returncode == 2 and "trainer.v1.trainer_mode" in r.stderr and "ray init" not in r.stdout + r.stderr
+
+
 PATCH_PROBE = textwrap.dedent(
     """
     import os, json

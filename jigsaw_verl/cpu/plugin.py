@@ -45,9 +45,22 @@ def register() -> None:
     _done = True
 
 
+def register_trainer_modes() -> None:
+    """Register verl V1 trainer mode ``jigsaw`` (imports verl's trainer; only in runs that use it)."""
+    from ..trainer import v1_jigsaw  # noqa: F401
+
+
+# NOTE: the CPU platform first: importing verl's trainer asks for the current platform.
 if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":
     try:
         register()
     except Exception:  # verl would hide this
         logger.exception("jigsaw-verl: registering the CPU backend with verl failed")
+        raise
+
+if os.environ.get("JIGSAW_VERL_TRAINER_MODES") == "1":
+    try:
+        register_trainer_modes()
+    except Exception:  # verl would hide this
+        logger.exception("jigsaw-verl: registering trainer mode 'jigsaw' with verl failed")
         raise

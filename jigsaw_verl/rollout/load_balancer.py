@@ -14,8 +14,14 @@ from verl.workers.rollout.router import GlobalRequestLoadBalancer
 class MigratingLoadBalancer(GlobalRequestLoadBalancer):
     """verl's load balancer with parking: servers taken out of routing keep their handle for restore."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, servers: dict, yaml_config: dict | None = None, **kwargs):
+        # verl builds router plugins named in rollout.router_config_path as cls(servers, yaml_config)
+        if isinstance(yaml_config, dict):
+            kwargs.setdefault("max_cache_size", yaml_config.get("max_cache_size", 10000))
+            kwargs.setdefault("full_determinism", bool(yaml_config.get("full_determinism", False)))
+        elif yaml_config is not None:
+            kwargs["max_cache_size"] = yaml_config
+        super().__init__(servers, **kwargs)
         self._parked: dict = {}
 
     def park_servers(self, server_ids: list[str]) -> dict[str, int]:

@@ -29,13 +29,17 @@ class MigrationReport:
         sources: replicas taken out of routing (server ids).
         targets: replicas still routing, which receive the migrated requests.
         migrated_requests: requests aborted on the sources (each resumes on a target).
+        reprefill_tokens: prompt + tokens so far of the migrated requests: what the targets re-prefill.
         seconds: time from the call until every source drained and slept.
+        at_s: when it finished (``time.monotonic()``), to account the replica-seconds it freed.
     """
 
     sources: tuple[str, ...]
     targets: tuple[str, ...]
     migrated_requests: int
+    reprefill_tokens: int
     seconds: float
+    at_s: float
 
 
 class RolloutMigrator:
@@ -71,7 +75,9 @@ class RolloutMigrator:
             sources=tuple(sources),
             targets=targets,
             migrated_requests=sum(int(a.get("aborted", 0)) for a in aborted),
+            reprefill_tokens=sum(int(a.get("aborted_context_tokens", 0)) for a in aborted),
             seconds=time.perf_counter() - started,
+            at_s=time.monotonic(),
         )
         self.reports.append(report)
         return report

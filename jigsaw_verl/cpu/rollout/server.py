@@ -168,17 +168,19 @@ class CPURolloutServer:
         self._resumed.clear()
         self._reject = reject_request
         async with self._step_lock:
-            aborted = self._abort(lambda s: True)
-        return {"aborted": aborted}
+            aborted, context = self._abort(lambda s: True)
+        return {"aborted": aborted, "aborted_context_tokens": context}
 
     async def abort_request(self, request_id: str) -> dict[str, Any]:
         """Stop one request (after the step in flight); it returns its tokens so far."""
         async with self._step_lock:
-            aborted = self._abort(lambda s: s.request_id == request_id)
-        return {"aborted": aborted}
+            aborted, context = self._abort(lambda s: s.request_id == request_id)
+        return {"aborted": aborted, "aborted_context_tokens": context}
 
-    def _abort(self, match) -> int:
-        n = 0
+    def _abort(self, match) -> tuple[int, int]:
+        """Abort matching requests; return how many, and their context (prompt + tokens so far) in tokens,
+        which is what resuming them elsewhere re-prefills."""
+        n = context = 0
         for queue in (self._live, self._waiting):
             keep = []
             for seq, fut in queue:
@@ -186,10 +188,11 @@ class CPURolloutServer:
                     seq.finished = "aborted"
                     fut.set_result(self._output(seq))
                     n += 1
+                    context += len(seq.prompt_ids) + len(seq.token_ids)
                 else:
                     keep.append((seq, fut))
             queue[:] = keep
-        return n
+        return n, context
 
     async def resume_generation(self) -> None:
         self._reject = False

@@ -1,0 +1,75 @@
+"""verl V1 trainer mode ``jigsaw``: verl's synchronous trainer plus rollout tail migration.
+
+Built on ``verl/trainer/ppo/v1/trainer_sync.py`` (``PPOTrainerSync``) through verl's ``@register_trainer``: it
+uses the hooks verl gives a trainer mode and copies none of its methods.
+- ``get_llm_client``: verl's resuming client that also survives a dead replica;
+- ``on_sample_begin`` / ``on_sample_end``: run the tail monitor while the batch generates, then put every
+  migrated-from replica back into routing before verl sleeps the replicas and syncs weights;
+- ``on_step_end``: log per step ``jigsaw/migrations``, ``jigsaw/migrated_requests``,
+  ``jigsaw/reprefill_tokens`` and ``jigsaw/freed_replica_s`` through verl's logger.
+The load balancer is :class:`~jigsaw_verl.rollout.load_balancer.MigratingLoadBalancer`, selected through
+verl's ``actor_rollout_ref.rollout.router_config_path`` (``jigsaw_verl.main_ppo`` sets both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from ..rollout.client import MigratingLLMServerClient
+from ..rollout.migrator import RolloutMigrator
+from ..rollout.tail_monitor import TailMonitor, TailPolicy, freed_replica_seconds
+
+TRAINER_MODE = "jigsaw"
+
+
+@register_trainer(TRAINER_MODE)
+class JigsawPPOTrainerV1(PPOTrainerSync):
+    """verl's sync PPO trainer with rollout tail migration (``jigsaw.migration.*``)."""
+
+    def _migration_config(self):
+        return self.config.get("jigsaw", {}).get("migration", {})
+
+    def get_llm_client(self):
+        return self.llm_server_manager.get_client(client_cls=MigratingLLMServerClient)
+
+    def _migrator(self) -> RolloutMigrator:
+        if getattr(self, "_jigsaw_migrator", None) is None:
+            manager = self.llm_server_manager
+            servers = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
+            self._jigsaw_migrator = RolloutMigrator(manager.global_load_balancer, servers)
+        return self._jigsaw_migrator
+
+    def on_sample_begin(self):
+        super().on_sample_begin()
+        cfg = self._migration_config()
+        self._jigsaw_reports_before = len(self._migrator().reports)
+        self._jigsaw_monitor = None
+        if cfg.get("enable", False):
+            policy = TailPolicy(tail_threshold=int(cfg.get("tail_threshold", 4)), poll_s=float(cfg.get("poll_s", 0.2)))
+            self._jigsaw_monitor = TailMonitor(self._migrator(), policy)
+            self._jigsaw_monitor.start()
+
+    def on_sample_end(self):
+        migrator = self._migrator()
+        if self._jigsaw_monitor is not None:
+            self._jigsaw_monitor.stop()
+        new = migrator.reports[self._jigsaw_reports_before :]
+        self._jigsaw_step_metrics = {
+            "jigsaw/migrations": len(new),
+            "jigsaw/migrated_requests": sum(r.migrated_requests for r in new),
+            "jigsaw/reprefill_tokens": sum(r.reprefill_tokens for r in new),
+            "jigsaw/freed_replica_s": freed_replica_seconds(new, time.monotonic()),
+        }
+        parked = [s for r in new for s in r.sources]
+        if parked:
+            asyncio.run(migrator.restore(parked))
+        super().on_sample_end()
+
+    def on_step_end(self):
+        super().on_step_end()
+        pending = getattr(self, "_pending_sync_metrics", None) or {}
+        self._pending_sync_metrics = {**pending, **getattr(self, "_jigsaw_step_metrics", {})}
