@@ -67,7 +67,7 @@ def test_greedy_tokens_identical_with_a_migration_midway(ray_session, prompts):
         plain = await _generate_all(client, prompts)
         servers, lb, client, migrator = _rollout(ray_session, 2)
         task = asyncio.create_task(_generate_all(client, prompts))
-        while (await servers["r1"].telemetry.remote())["tokens_generated"] < 5 * 16:
+        while (await servers["r1"].telemetry.remote())["tokens_generated"] < 2 * 16:
             await asyncio.sleep(0.005)
         report = await migrator.migrate(["r1"])
         moved = await task
@@ -103,14 +103,16 @@ SAMPLE = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 
 
 def test_many_requests_migrate_none_lost_none_run_twice(ray_session, prompts):
-    """Sampling (some finish early, at their end token): every request returns once, whole, and no finished
-    request is run again: the servers saw exactly one call per request plus one per migrated request."""
+    """Sampling, half the requests stopping early at their end token: every request returns once, whole, and no
+    finished request is run again: the servers saw exactly one call per request plus one per migrated request."""
 
     async def go():
         servers, _, client, migrator = _rollout(ray_session, 3)
         many = prompts * 2
+        # half stop at their end token (some during the migration), half run to the full length (in flight)
+        params = [dict(SAMPLE, ignore_eos=i % 2 == 0) for i in range(len(many))]
         task = asyncio.gather(
-            *[client.generate(f"m-{i}", prompt_ids=p, sampling_params=dict(SAMPLE)) for i, p in enumerate(many)]
+            *[client.generate(f"m-{i}", prompt_ids=p, sampling_params=params[i]) for i, p in enumerate(many)]
         )
         while (
             sum(t["tokens_generated"] for t in await asyncio.gather(*[h.telemetry.remote() for h in servers.values()]))
@@ -124,9 +126,11 @@ def test_many_requests_migrate_none_lost_none_run_twice(ray_session, prompts):
 
     many, outs, report, calls = asyncio.run(go())
     assert len(outs) == len(many)
-    for o in outs:
+    for i, o in enumerate(outs):
         assert o.stop_reason in ("completed", "length") and 1 <= len(o.token_ids) <= RESPONSE
         assert len(o.log_probs) == len(o.token_ids)
+        if i % 2 == 0:
+            assert len(o.token_ids) == RESPONSE
     assert report.migrated_requests > 0
     assert calls == len(many) + report.migrated_requests
 
@@ -140,7 +144,7 @@ def test_killed_replica_requests_resume_elsewhere(ray_session, prompts):
         plain = await _generate_all(client, prompts[:12])
         servers, lb, client, _ = _rollout(ray_session, 2)
         task = asyncio.create_task(_generate_all(client, prompts[:12]))
-        while (await servers["r1"].telemetry.remote())["tokens_generated"] < 20:
+        while (await servers["r1"].telemetry.remote())["tokens_generated"] < 6:
             await asyncio.sleep(0.005)
         ray_session.kill(servers["r1"])
         outs = await task
