@@ -424,23 +424,19 @@ class Simulator:
                     train_gpus=homes.get(ps.spec.name, ()),
                 )
             )
-        if not detailed:  # the baselines decide on the basic fields
-            return Snapshot(
-                now_s=self.now,
-                num_gpus=self.n,
-                free_gpus=frozenset(i for i, o in enumerate(self.occ) if not o),
-                ready=tuple(ready),
-                pipelines=tuple(views),
-                last_pipeline=tuple(self.last),
-            )
-        cap, pinned = usable_bytes(self.w.cluster.gpu), self._pinned()
-        return Snapshot(
+        basic = dict(
             now_s=self.now,
             num_gpus=self.n,
             free_gpus=frozenset(i for i, o in enumerate(self.occ) if not o),
             ready=tuple(ready),
             pipelines=tuple(views),
             last_pipeline=tuple(self.last),
+        )
+        if not detailed:  # the baselines decide on the basic fields
+            return Snapshot(**basic)
+        cap, pinned = usable_bytes(self.w.cluster.gpu), self._pinned()
+        return Snapshot(
+            **basic,
             leases=tuple(
                 tuple(
                     Lease(
