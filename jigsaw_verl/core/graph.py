@@ -123,8 +123,8 @@ def logprob_nodes(
         tokens, sum_sq = float(lens.sum()), float((lens * lens).sum())
         dur = cost.logprob_micro_batch(spec.model, gpus, tokens, sum_sq)
         work = cost.logprob_work(spec.model, tokens, sum_sq)
+        flops = cost.forward_flops(spec.model, tokens, sum_sq)
         for name in passes:
-            flops = cost.forward_flops(spec.model, tokens, sum_sq)
             nodes.append(
                 SubStage(spec.name, step, LOGPROB, f"{name}/mb{j}", 0, dur, _bound(work), gpus, mem, work, flops)
             )

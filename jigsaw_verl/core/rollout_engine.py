@@ -110,6 +110,7 @@ class ReplicaEngine:
         self.kv_reserved = 0
         self.clock = 0.0
         self._act: tuple | None = None  # (kind, start, end, payload)
+        self._pending_load: float | None = None  # seconds of a weight load to run before anything else
         self.reprefill_tokens = 0
         self.generated_tokens = 0
 
@@ -208,8 +209,6 @@ class ReplicaEngine:
         return None if self._act is None else self._act[2]
 
     # ---- advancing -------------------------------------------------------------------------------------------
-    _pending_load: float | None = None
-
     def advance(self, now: float) -> tuple[list[tuple[Request, float, int]], list[Activity]]:
         """Finish the activity ending at ``now`` (if any) and start the next one.
 
