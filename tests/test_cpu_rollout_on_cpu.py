@@ -112,7 +112,7 @@ def test_abort_returns_tokens_so_far_then_resume(assets, prompts):
         return res, outs, late, rejected
 
     res, outs, late, rejected = asyncio.run(go())
-    assert res["aborted"] == 4 and all(o.stop_reason == "aborted" for o in outs)
+    assert res["aborted_count"] == 4 and len(res["request_ids"]) == 4 and all(o.stop_reason == "aborted" for o in outs)
     assert all(0 < len(o.token_ids) < 40 and len(o.log_probs) == len(o.token_ids) for o in outs)
     assert late.stop_reason == "completed"
     assert rejected.stop_reason == "aborted" and rejected.token_ids == []

@@ -29,27 +29,50 @@ def prompts():
     ]
 
 
-def _rollout(ray, n_servers: int):
-    from jigsaw_verl.cpu.rollout.server import CPURolloutServer
+def _recording_client_cls():
     from jigsaw_verl.rollout.client import MigratingLLMServerClient
+
+    class RecordingClient(MigratingLLMServerClient):
+        """The real migrating client; records which server each attempt of each request id was routed to."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.attempts: list[tuple[str, str]] = []
+
+        async def _acquire_server(self, request_id, **extra):
+            server_id, handle = await super()._acquire_server(request_id, **extra)
+            self.attempts.append((request_id, server_id))
+            return server_id, handle
+
+    return RecordingClient
+
+
+def _rollout(ray, n_servers: int, model=None, config=None):
+    from jigsaw_verl.cpu.rollout.server import CPURolloutServer
     from jigsaw_verl.rollout.load_balancer import MigratingLoadBalancer
     from jigsaw_verl.rollout.migrator import RolloutMigrator
 
-    assets = build_tiny_assets()
+    model = model or build_tiny_assets().model
     cfg = SimpleNamespace(max_num_seqs=64, prompt_length=64, response_length=RESPONSE, max_model_len=None, seed=0,
                           full_determinism=False)  # fmt: skip
     servers = {
         f"r{i}": ray.remote(CPURolloutServer)
         .options(max_concurrency=1000, num_cpus=0)
-        .remote(config=cfg, model_config=SimpleNamespace(local_path=str(assets.model)), replica_rank=i)
+        .remote(config=cfg, model_config=SimpleNamespace(local_path=str(model)), replica_rank=i)
         for i in range(n_servers)
     }
     lb = ray.remote(MigratingLoadBalancer).remote(servers=servers)
-    config = OmegaConf.create(
+    config = config or OmegaConf.create(
         {"actor_rollout_ref": {"rollout": {"name": "cpu", "full_determinism": False, "response_length": RESPONSE}}}
     )
-    client = MigratingLLMServerClient(config=config, load_balancer_handle=lb)
+    client = _recording_client_cls()(config=config, load_balancer_handle=lb)
     return servers, lb, client, RolloutMigrator(lb, servers)
+
+
+async def _until_tokens(servers, names, n):
+    """Wait until the servers ``names`` have generated ``n`` tokens between them."""
+    while sum([(await servers[s].telemetry.remote())["tokens_generated"] for s in names]) < n:
+        await asyncio.sleep(0.005)
 
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "ignore_eos": True}
@@ -154,3 +177,120 @@ def test_killed_replica_requests_resume_elsewhere(ray_session, prompts):
     assert routable == ["r0"]
     for a, b in zip(plain, outs):
         assert a.token_ids == b.token_ids and len(b.token_ids) == RESPONSE
+
+
+def test_chosen_requests_move_to_chosen_targets(ray_session, prompts):
+    """``migrate(sources, targets, requests)``: first half of one replica's live requests move to a chosen
+    target while the source keeps the rest and stays routable; then everything on another replica moves to the
+    same target. Greedy text is unchanged, request ids are kept, and every resumed attempt went to the target."""
+
+    async def go():
+        servers, _, client, _ = _rollout(ray_session, 3)
+        plain = await _generate_all(client, prompts)
+        servers, lb, client, migrator = _rollout(ray_session, 3)
+        task = asyncio.create_task(_generate_all(client, prompts))
+        await _until_tokens(servers, ["r2"], 2 * 8)
+        live = await lb.live_requests.remote()
+        chosen = live["r2"][: len(live["r2"]) // 2]
+        subset = await migrator.migrate(["r2"], targets=["r0"], requests=chosen)
+        routable_after_subset = await lb.get_all_servers.remote()
+        await _until_tokens(servers, ["r1"], 6 * 8)
+        full = await migrator.migrate(["r1"], targets=["r0"])
+        moved = await task
+        counters = await lb.migration_counters.remote()
+        return plain, moved, chosen, subset, routable_after_subset, full, client.attempts, counters
+
+    plain, moved, chosen, subset, routable_after_subset, full, attempts, counters = asyncio.run(go())
+    assert len(chosen) >= 2 and subset.migrated_requests == len(chosen) and not subset.freed
+    assert sorted(routable_after_subset) == ["r0", "r1", "r2"]  # the source keeps its other requests
+    assert full.freed and full.targets == ("r0",) and full.migrated_requests > 0
+    for a, b in zip(plain, moved):
+        assert a.token_ids == b.token_ids and b.log_probs == pytest.approx(a.log_probs, abs=1e-4)
+    by_request: dict[str, list[str]] = {}
+    for rid, server in attempts:
+        by_request.setdefault(rid, []).append(server)
+    assert sorted(by_request) == sorted(f"req-{i}" for i in range(len(prompts)))  # ids kept, none invented
+    for rid in chosen:
+        assert by_request[rid][:2] == ["r2", "r0"]  # moved off r2, resumed on the chosen target
+    resumed = [servers[1:] for servers in by_request.values()]
+    assert all(s == "r0" for servers in resumed for s in servers)  # every resumed attempt went to the target
+    assert sum(len(s) for s in resumed) == subset.migrated_requests + full.migrated_requests
+    assert counters["requests"] == subset.migrated_requests + full.migrated_requests
+    assert counters["context_tokens"] > counters["requests"] * min(len(p) for p in prompts)
+
+
+def _agent_loop_config(model_dir: str):
+    from hydra import compose, initialize_config_dir
+
+    import jigsaw_verl
+
+    config_dir = str(__import__("pathlib").Path(jigsaw_verl.__file__).parent / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(
+            config_name="jigsaw_ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_dir}",
+                "actor_rollout_ref.rollout.name=cpu",
+                "actor_rollout_ref.rollout.temperature=0",
+                "actor_rollout_ref.rollout.calculate_log_probs=True",
+                "actor_rollout_ref.rollout.prompt_length=64",
+                f"actor_rollout_ref.rollout.response_length={RESPONSE}",
+                "data.max_prompt_length=64",
+                f"data.max_response_length={RESPONSE}",
+            ],
+        )
+
+
+def test_agent_loop_batch_unchanged_by_a_migration(ray_session, prompts, tmp_path):
+    """verl's own agent loop (``AgentLoopWorker`` + single-turn loop) over the migrating client: the output
+    batch has the same fields, shapes and values (greedy) with a 2 -> 1 migration midway as without, uids and
+    indices in order. The model is an untrained copy of the tiny one, so responses run long enough to migrate."""
+    import numpy as np
+    import pandas as pd
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
+
+    assets = build_tiny_assets()
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(assets.model)).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(assets.model).save_pretrained(tmp_path)
+    config = _agent_loop_config(str(tmp_path))
+    rows = pd.read_parquet(assets.train_file).head(32)
+
+    def batch() -> DataProto:
+        return DataProto.from_dict(
+            non_tensors={
+                "raw_prompt": np.array([list(r) for r in rows["prompt"]], dtype=object),
+                "uid": np.array([f"uid-{i}" for i in range(len(rows))], dtype=object),
+                "index": np.arange(len(rows)),
+            },
+            meta_info={"global_steps": 1},
+        )
+
+    async def go():
+        servers, _, client, _ = _rollout(ray_session, 2, model=tmp_path, config=config)
+        plain = await AgentLoopWorker(config, llm_client=client).generate_sequences(batch())
+        servers, _, client, migrator = _rollout(ray_session, 2, model=tmp_path, config=config)
+        task = asyncio.create_task(AgentLoopWorker(config, llm_client=client).generate_sequences(batch()))
+        await _until_tokens(servers, ["r1"], 2 * 16)
+        report = await migrator.migrate(["r1"])
+        return plain, await task, report, client.attempts
+
+    plain, moved, report, attempts = asyncio.run(go())
+    assert report.migrated_requests > 0
+    resumed = {rid for rid, server in attempts if server == "r0"} & {rid for rid, server in attempts if server == "r1"}
+    assert len(resumed) == report.migrated_requests  # those requests really continued on r0 under their own id
+    assert sorted(moved.batch.keys()) == sorted(plain.batch.keys())
+    assert "rollout_log_probs" in plain.batch.keys()
+    for key in plain.batch.keys():
+        assert moved.batch[key].shape == plain.batch[key].shape, key
+        if key == "rollout_log_probs":
+            torch.testing.assert_close(moved.batch[key], plain.batch[key], atol=1e-4, rtol=0)
+        else:
+            assert torch.equal(moved.batch[key], plain.batch[key]), key
+    assert plain.batch["response_mask"].sum(-1).float().mean() > RESPONSE / 2  # responses long enough to migrate
+    assert sorted(moved.non_tensor_batch) == sorted(plain.non_tensor_batch)
+    assert list(moved.non_tensor_batch["uid"]) == [f"uid-{i}" for i in range(32)]
+    assert list(moved.non_tensor_batch["index"]) == list(range(32))

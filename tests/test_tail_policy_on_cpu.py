@@ -23,7 +23,10 @@ def test_keeps_enough_replicas_for_the_live_requests():
 
 
 def test_freed_replica_seconds():
-    r = MigrationReport(sources=("a", "b"), targets=("c",), migrated_requests=3, reprefill_tokens=90, seconds=0.1,
-                        at_s=10.0)  # fmt: skip
+    r = MigrationReport(sources=("a", "b"), targets=("c",), migrated_requests=3, reprefill_tokens=90, freed=True,
+                        seconds=0.1, at_s=10.0)  # fmt: skip
+    partial = MigrationReport(sources=("d",), targets=("c",), migrated_requests=1, reprefill_tokens=30, freed=False,
+                              seconds=0.1, at_s=10.0)  # fmt: skip
     assert freed_replica_seconds([r], until_s=12.5) == 5.0
     assert freed_replica_seconds([r], until_s=9.0) == 0.0
+    assert freed_replica_seconds([r, partial], until_s=12.5) == 5.0  # moving a subset frees no replica

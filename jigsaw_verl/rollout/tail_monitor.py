@@ -85,4 +85,4 @@ class TailMonitor:
 def freed_replica_seconds(reports, until_s: float | None = None) -> float:
     """Replica-seconds the migrations in ``reports`` freed, counted up to ``until_s`` (default: now)."""
     end = time.monotonic() if until_s is None else until_s
-    return sum(len(r.sources) * max(0.0, end - r.at_s) for r in reports)
+    return sum(len(r.sources) * max(0.0, end - r.at_s) for r in reports if r.freed)

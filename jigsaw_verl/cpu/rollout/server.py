@@ -168,14 +168,17 @@ class CPURolloutServer:
         self._resumed.clear()
         self._reject = reject_request
         async with self._step_lock:
+            ids = [seq.request_id for seq, fut in (*self._live, *self._waiting) if not fut.done()]
             aborted, context = self._abort(lambda s: True)
-        return {"aborted": aborted, "aborted_context_tokens": context}
+        # vLLM's answer (aborted_count, request_ids) plus the context the aborted requests will re-prefill
+        return {"aborted_count": aborted, "request_ids": ids, "aborted_context_tokens": context}
 
     async def abort_request(self, request_id: str) -> dict[str, Any]:
-        """Stop one request (after the step in flight); it returns its tokens so far."""
+        """Stop the request(s) with server-side id ``request_id`` (after the step in flight); each returns its
+        tokens so far. ``aborted`` counts them (vLLM answers a bool for its single request)."""
         async with self._step_lock:
             aborted, context = self._abort(lambda s: s.request_id == request_id)
-        return {"aborted": aborted, "aborted_context_tokens": context}
+        return {"aborted": aborted, "request_id": request_id, "aborted_context_tokens": context}
 
     def _abort(self, match) -> tuple[int, int]:
         """Abort matching requests; return how many, and their context (prompt + tokens so far) in tokens,
