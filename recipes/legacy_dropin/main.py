@@ -1,0 +1,46 @@
+"""Entry point of the legacy drop-in recipe: verl's ``main_ppo.main`` with the recipe's own ``TaskRunner``.
+
+``main_ppo_v0.py`` beside this file is verl's ``verl/trainer/main_ppo_v0.py`` (0.9.1) as a recipe carries it, with
+one line changed: ``from jigsaw_verl.trainer import RayPPOTrainer``. This file is what such a recipe's
+``main`` does (verl's ``main_ppo.main``: ``auto_set_device``, ``validate_config``, ``run_ppo(config, TaskRunner)``),
+reading verl's config plus the ``jigsaw`` group and preparing the run the way ``python -m jigsaw_verl.main_ppo``
+does (``trainer.device=cpu`` switches to the CPU backend before Ray starts).
+
+    python recipes/legacy_dropin/main.py <verl overrides>      # see recipes/cpu_tiny_grpo_legacy.sh
+"""
+
+import sys
+from pathlib import Path
+
+import hydra
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "jigsaw_verl" / "config")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="jigsaw_ppo_trainer", version_base=None)
+def main(config):
+    from jigsaw_verl.cpu.backend import CPUConfigError
+    from jigsaw_verl.main_ppo import JigsawConfigError, prepare
+
+    try:
+        prepare(config)  # before verl is imported (selects the CPU platform)
+        from jigsaw_verl.trainer.legacy import LegacyMigrationError, check_legacy_config
+
+        check_legacy_config(config)
+    except (JigsawConfigError, CPUConfigError, LegacyMigrationError) as err:
+        print(f"legacy_dropin: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+    from main_ppo_v0 import TaskRunner  # this recipe's TaskRunner (the script's folder is on Ray's worker path)
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=TaskRunner)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The ways in that need no rewrite: the import swap (verl's legacy ``RayPPOTrainer``) and the entry point's config.
+
+The recipe test runs verl's legacy trainer for 2 GRPO steps on the CPU (real Ray, FSDP2 workers, agent loop, CPU
+rollout replicas): about two minutes. The rest runs without Ray.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jigsaw_verl.trainer.timing import CORE_STAGE, StageTimer
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "recipes" / "legacy_dropin"
+VERL_IMPORT = "from verl.trainer.ppo.ray_trainer import RayPPOTrainer"
+JIGSAW_IMPORT = "from jigsaw_verl.trainer import RayPPOTrainer"
+
+
+def _run(args: list[str], timeout: int = 120, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ROOT, env=dict(os.environ, **env), capture_output=True, text=True, timeout=timeout)
+
+
+def test_recipe_differs_from_verl_by_the_import_line_only():
+    verl_text = Path(importlib.util.find_spec("verl.trainer.main_ppo_v0").origin).read_text().splitlines()
+    recipe_text = (RECIPE / "main_ppo_v0.py").read_text().splitlines()
+    diff = difflib.unified_diff(verl_text, recipe_text, lineterm="", n=0)
+    changed = [line for line in diff if line[:1] in "+-" and line[:3] not in ("---", "+++")]
+    assert changed == ["-" + VERL_IMPORT, "+" + JIGSAW_IMPORT]
+
+
+def test_dropin_subclasses_verl_trainer_and_copies_no_loop():
+    code = (
+        "import sys, jigsaw_verl.trainer; light = 'verl' not in sys.modules\n"
+        "from jigsaw_verl.trainer import RayPPOTrainer as J\n"
+        "from verl.trainer.ppo.ray_trainer import RayPPOTrainer as V\n"
+        "print(light, issubclass(J, V), J.__name__, 'fit' in vars(J))"
+    )
+    out = _run([sys.executable, "-c", code]).stdout.split()
+    assert out == ["True", "True", "RayPPOTrainer", "False"]  # lazy package import; verl's fit runs unchanged
+
+
+def test_stage_timer_sums_sub_stages_and_gives_core_stage_timings():
+    timer = StageTimer("p", gpus=2)
+    calls = []
+    timer.on_step = lambda step, s: calls.append((step, sorted(s)))
+    timer.begin_step()
+    for name in ("rollout", "old_log_prob", "ref_log_prob", "update_actor", "weight_sync", "update_actor"):
+        with timer.stage(name), timer.stage("nested"):  # a stage inside another is not counted twice
+            pass
+    seconds = timer.end_step(1)
+    assert set(seconds) == {"rollout", "old_log_prob", "ref_log_prob", "update_actor", "weight_sync", "step"}
+    assert sum(v for k, v in seconds.items() if k != "step") <= seconds["step"]
+    assert [(t.step, t.stage, t.gpus) for t in timer.timings] == [
+        (1, CORE_STAGE["rollout"], 2), (1, "logprob", 2), (1, "update", 2), (1, "weight_sync", 2),
+    ]  # fmt: skip
+    assert all(t.end_s >= t.start_s for t in timer.timings) and calls == [(1, sorted(seconds))]
+
+
+def test_legacy_recipe_trains_two_steps_with_stage_timings(tmp_path):
+    metrics_file = tmp_path / "metrics.jsonl"
+    r = _run(
+        ["bash", "recipes/cpu_tiny_grpo_legacy.sh", "trainer.total_training_steps=2", "trainer.logger=[console,file]"],
+        timeout=900, OUT=str(tmp_path / "run"), VERL_FILE_LOGGER_PATH=str(metrics_file),
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "TaskRunner hostname" in r.stdout + r.stderr  # the recipe's legacy TaskRunner ran, not the V1 one
+    steps = {rec["step"]: rec["data"] for rec in map(json.loads, metrics_file.read_text().splitlines())}
+    assert sorted(steps) == [1, 2]
+    for m in steps.values():
+        assert 0.0 <= m["critic/score/min"] <= m["critic/score/mean"] <= m["critic/score/max"] <= 1.0
+        stages = {k.removeprefix("jigsaw/stage_s/"): v for k, v in m.items() if k.startswith("jigsaw/stage_s/")}
+        for stage in ("rollout", "old_log_prob", "ref_log_prob", "update_actor", "weight_sync", "step"):
+            assert stages[stage] > 0, (stage, stages)
+        assert sum(v for k, v in stages.items() if k != "step") <= stages["step"]
+        # each agrees with verl's own timer around the same call
+        for ours, verls in (("old_log_prob", "old_log_prob"), ("ref_log_prob", "ref"),
+                            ("update_actor", "update_actor"), ("weight_sync", "update_weights")):  # fmt: skip
+            assert abs(stages[ours] - m[f"timing_s/{verls}"]) <= 0.05 + 0.05 * m[f"timing_s/{verls}"], (ours, m)
+        assert stages["rollout"] + stages["rollout_sleep"] <= m["timing_s/gen"] + 0.05
+
+
+def test_cfg_job_prints_verl_config_and_jigsaw_group():
+    r = _run([sys.executable, "-m", "jigsaw_verl.main_ppo", "--cfg", "job"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    cfg = yaml.safe_load(r.stdout)
+    assert {"actor_rollout_ref", "critic", "data", "algorithm", "trainer", "reward"} <= set(cfg)
+    assert cfg["jigsaw"]["enable"] is False
+    assert cfg["jigsaw"]["migration"] == {"enable": False, "tail_threshold": 4, "poll_s": 0.2}
+    assert "ray init" not in r.stdout + r.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="hydra rejects jigsaw.foo before main_ppo sees it (exit 1, six lines)")
+def test_unknown_jigsaw_override_is_one_line_and_exit_2():
+    r = _run([sys.executable, "-m", "jigsaw_verl.main_ppo", "jigsaw.foo=1"])
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "jigsaw.foo" in lines[0]
+
+
+def test_legacy_recipe_refuses_migration_before_ray():
+    r = _run([sys.executable, str(RECIPE / "main.py"), "jigsaw.migration.enable=true", "trainer.use_v1=false"])
+    assert r.returncode == 2 and "jigsaw.migration.enable" in r.stderr and "ray init" not in r.stdout + r.stderr
