@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .cost_model import CostModel
 from .graph import LOGPROB, ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
 from .memory import min_train_gpus, usable_bytes
@@ -53,7 +55,7 @@ class JigsawConfig:
     placement_budget: int = 128
     migration: bool = True
     colocation: bool = True
-    min_gain: float = 0.02
+    min_gain: float = 0.05
     tail_live_per_replica: float = 1.0
     colocate_live_per_replica: int = 32
     deferrable: tuple[str, ...] = (ROLLOUT,)
@@ -105,6 +107,7 @@ class LookAheadPolicy:
         self.pred = Predictor(workload.pipelines, self.cost, self.n, workload.seed)
         # Training joins a long-tail replica (memory-bound) with the SM share the table says pays best.
         self.tail_share, _, self.train_speed = table.best_share("memory", "compute")
+        self._leases: tuple | None = None  # the last snapshot's per-GPU lease arrays (see _lease_arrays)
         self.alone_step_s = {p: sum(_interp(self.pred.prior(p)[st], self.n) for st in STAGES) for p in self.specs}
 
     def mode(self, pipeline: str) -> ExecutionMode:
@@ -212,8 +215,7 @@ class LookAheadPolicy:
                 gpus = gpus[: len(gpus) // unit * unit]
             share = 1.0
             if colocate and r.stage in (ROLLOUT, LOGPROB):
-                others = [g for g in range(snap.num_gpus) if g not in free and g not in taken]
-                joint = self._joinable(snap, r.pipeline, r.stage, others, max(need, len(gpus) + 1))
+                joint = self._joinable(snap, r.pipeline, r.stage, None, max(need, len(gpus) + 1), free | taken)
                 speed = self.train_speed if r.stage != ROLLOUT else 1.0
                 gain = r.stage == LOGPROB and speed * (len(gpus) + len(joint)) > len(gpus) * 1.25
                 if joint and (len(gpus) < need or gain):
@@ -232,9 +234,38 @@ class LookAheadPolicy:
             taken |= set(gpus)
         return tuple(actions)
 
-    def _joinable(self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int], gpus: int) -> list[int]:
-        tail = self.cfg.colocate_live_per_replica
-        return self.rm.colocatable(snap, pipeline, stage, candidates, gpus, tail_live=tail)
+    def _joinable(
+        self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int] | None, gpus: int, exclude=()
+    ) -> list[int]:
+        """:meth:`ResourceManager.colocatable` over ``candidates`` (every GPU not in ``exclude`` when ``None``),
+        vectorised over the snapshot's leases (read once per snapshot)."""
+        single, pipe, roll, ok, free_bytes = self._lease_arrays(snap)
+        mask = single & (pipe != self.index[pipeline]) & (roll != (stage == ROLLOUT)) & ok
+        mask &= free_bytes >= self.rm.stage_bytes(pipeline, stage, gpus)
+        if candidates is None:
+            if exclude:
+                mask[list(exclude)] = False
+            return np.flatnonzero(mask).tolist()
+        return [g for g in candidates if mask[g]]
+
+    def _lease_arrays(self, snap: Snapshot) -> tuple:
+        """Per GPU: held by exactly one lease; its pipeline's index; whether it is a rollout replica; whether a
+        newcomer may join it (a gang, or a replica in its memory-bound tail); free bytes. Cached for the last
+        snapshot (held, so its identity is not reused)."""
+        if self._leases is not None and self._leases[0] is snap:
+            return self._leases[1]
+        n, tail_live = snap.num_gpus, self.cfg.colocate_live_per_replica
+        tail = {r.replica for r in snap.replicas if r.queued == 0 and r.live <= tail_live}
+        single, pipe = np.zeros(n, dtype=bool), np.full(n, -1)
+        roll, ok = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        for g, leases in enumerate(snap.leases):
+            if len(leases) == 1:
+                lease = leases[0]
+                single[g], pipe[g], roll[g] = True, self.index[lease.pipeline], lease.stage == ROLLOUT
+                ok[g] = lease.replica is None or lease.replica in tail
+        arrays = (single, pipe, roll, ok, np.asarray(snap.free_bytes, dtype=float))
+        self._leases = (snap, arrays)
+        return arrays
 
     def _best_width(self, pipeline: str, stage: str, available: int) -> int:
         """Training wider than its fastest predicted width only slows it (collectives across nodes)."""

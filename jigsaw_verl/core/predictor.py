@@ -175,11 +175,11 @@ class Predictor:
         self.prior(name)
         return curve.finish_offsets_s if curve is not None and len(curve.finish_offsets_s) == n else self._curves[name]
 
-    def tail_fraction(self, name: str, live_per_replica: float) -> float:
+    def tail_fraction(self, name: str, live_per_replica: float, replicas: int | None = None) -> float:
         """Share of a rollout (the prior's curve) after which at most ``live_per_replica`` requests per replica
-        are left, on the prior's width."""
+        are left on ``replicas`` replicas (the prior's width when ``None``)."""
         offs = self._curve(name, None)
-        reps = max(1, min(self.n, 8) // self.specs[name].rollout_tp)
+        reps = replicas or max(1, min(self.n, 8) // self.specs[name].rollout_tp)
         k = len(offs) - int(live_per_replica * reps)
         return 0.0 if k <= 0 else offs[k - 1] / max(offs[-1], 1e-9)
 

@@ -41,6 +41,7 @@ class RollForward:
         self.p, self.snap = policy, snap
         self.corr = policy.pred.corrections(snap.history)
         self._dur: dict[tuple[str, str, int], float] = {}
+        self._width_memo: dict[tuple[str, str, int, int], int] = {}
         self.curves = {h.pipeline: h for h in snap.history if h.stage == ROLLOUT}
         now, n = snap.now_s, snap.num_gpus
         active = self.active = sum(v.arrived and not v.finished for v in snap.pipelines)
@@ -179,39 +180,65 @@ class RollForward:
     def _occupy(self, end, host, owner, idx, start: float, d: float, name: str, stage: str) -> None:
         end[idx] = np.maximum(end[idx], start + d)
         if stage == ROLLOUT:
-            host[idx] = start + d * self.p.pred.tail_fraction(name, self.p.cfg.colocate_live_per_replica)
+            reps = max(1, len(idx) // self.p.specs[name].rollout_tp)  # the tail begins per replica of this width
+            host[idx] = start + d * self.p.pred.tail_fraction(name, self.p.cfg.colocate_live_per_replica, reps)
             owner[idx] = self.p.index[name]
         else:
             host[idx], owner[idx] = math.inf, -1
 
     def _place(self, end, host, owner, home, name: str, stage: str, t: float) -> float:
-        """Start ``stage`` of ``name`` (ready at ``t``) where it finishes first; return its predicted end."""
+        """Start ``stage`` of ``name`` (ready at ``t``) where it finishes first; return its predicted end.
+
+        The moments tried are ``t`` and the next ``WAIT_OPTIONS`` distinct GPU releases (and, for training, tails
+        becoming joinable); free GPUs per moment are counted on the sorted release times, and the GPUs themselves
+        are looked up only for the moment chosen."""
         p = self.p
-        spec = p.specs[name]
-        need = spec.rollout_tp if stage == ROLLOUT else p.rm.min_train[name]
+        need = p.specs[name].rollout_tp if stage == ROLLOUT else p.rm.min_train[name]
         joins = stage != ROLLOUT and p.cfg.colocation
         me = p.index[name]
-        moments = np.unique(np.concatenate([end[end > t], host[(host > t) & np.isfinite(host)] if joins else []]))
+        es = np.sort(end)
+        later = es[int(es.searchsorted(t, "right")) :]
+        if joins:
+            hs = host[(host > t) & (host < math.inf)]
+            if hs.size:
+                later = np.sort(np.concatenate([later, hs]))
+        if later.size > 1:  # distinct values of a sorted array
+            later = later[np.concatenate(([True], later[1:] != later[:-1]))]
+        moments = [t, *later[:WAIT_OPTIONS].tolist()]
+        at = np.asarray(moments)
+        taus = at + 1e-9
+        counts = es.searchsorted(taus, "right").tolist()
+        if joins:
+            joinable = (host <= at[:, None]) & (end > taus[:, None]) & (owner != me)
+            co_counts = np.count_nonzero(joinable, axis=1).tolist()
+        h = home.get(name, 0)
+        width, durs = self._width_memo, self._dur
         best = None
-        for tau in [t, *moments[:WAIT_OPTIONS].tolist()]:
-            free = np.flatnonzero(end <= tau + 1e-9)
-            g = self._width(name, stage, len(free), home)
+        for i, tau in enumerate(moments):
+            k = counts[i]
+            key = (name, stage, k, h)
+            g = width[key] if key in width else width.setdefault(key, self._width(name, stage, k, home))
             if g >= need:
-                finish = tau + self.dur(name, stage, g)
+                dk = (name, stage, g)
+                finish = tau + (durs[dk] if dk in durs else self.dur(name, stage, g))
                 if best is None or finish < best[0] - 1e-9:
-                    best = (finish, tau, free[:g], None)
-            if joins:
-                co = np.flatnonzero((host <= tau) & (end > tau + 1e-9) & (owner != me))
-                g2 = self._width(name, stage, len(free) + len(co), home)
-                if co.size and g2 >= need and g2 > g:
+                    best = (finish, i, g, None)
+            if joins and co_counts[i]:
+                key = (name, stage, k + co_counts[i], h)
+                g2 = width[key] if key in width else width.setdefault(key, self._width(name, stage, key[2], home))
+                if g2 >= need and g2 > g:
                     finish = tau + self.dur(name, stage, g2) / p.train_speed
                     if best is None or finish < best[0] - 1e-9:
-                        best = (finish, tau, free, co[: g2 - len(free)])
+                        best = (finish, i, k, g2 - k)
         if best is None:  # nothing ever frees in the model: start when the last GPU frees
-            tau = float(end.max())
+            tau = float(es[-1])
             g = max(need, self._width(name, stage, len(end), home))
-            best = (tau + self.dur(name, stage, g), tau, np.argsort(end)[:g], None)
-        finish, tau, free, co = best
+            finish, free, co = tau + self.dur(name, stage, g), np.argsort(end)[:g], None
+        else:
+            finish, i, g, extra = best
+            tau = moments[i]
+            free = np.flatnonzero(end <= taus[i])[:g]
+            co = None if extra is None else np.flatnonzero(joinable[i])[:extra]
         if stage == LOGPROB:
             home[name] = len(free) + (0 if co is None else len(co))
         self._occupy(end, host, owner, free, tau, finish - tau, name, stage)

@@ -881,3 +881,6 @@ class Simulator:
             ps.version += 1
         if stage == UPDATE and step == ps.spec.steps - 1:
             ps.finished, ps.finish_s = True, t
+            for res in self.resident:  # a finished job releases its device memory (its idle state would
+                for k in [k for k in res if k[0] == ps.spec.name]:  # otherwise shrink others' KV caches)
+                    del res[k]
