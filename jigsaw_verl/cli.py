@@ -1,8 +1,11 @@
 """``jigsaw-verl``: the command line.
 
 - ``jigsaw-verl simulate WORKLOAD.yaml [--policies a,b] [--json F] [--trace F] [--plot F]``
+- ``jigsaw-verl mux "RECIPE.sh [override ...]" ... [--group G] [--pool-slots N] [--policy P] [--out DIR]``: several
+  verl recipes multiplexed on one pool (:mod:`jigsaw_verl.mux.launcher`).
 - ``jigsaw-verl demo [--out DIR] [--skip-recipe]``: the simulator on the bundled long-CoT workload (table, trace,
-  plot), then verl's own trainer running the tiny GRPO recipe on the CPU backend.
+  plot), then two tiny GRPO pipelines multiplexed live on one pool of 2 CPU slots (``jigsaw-verl mux``: progress
+  per pipeline, combined trace and utilisation plot in ``DIR/mux``).
 
 Bad input (a workload file, a policy name, an output path) gets one line on stderr and exit code 2, before any
 simulation starts.
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -97,17 +99,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rc = cmd_simulate(ns)
     if rc or args.skip_recipe:
         return rc
-    import subprocess
+    from .mux.launcher import launch
 
     recipe = Path(__file__).resolve().parent.parent / "recipes" / "cpu_tiny_grpo.sh"
-    _progress(f"demo 2/2: {recipe.name}: verl's trainer, 3 GRPO steps of a tiny model on the CPU (about 3 min)")
-    env = dict(os.environ, OUT=str(out / "cpu_tiny_grpo"), PY=sys.executable)
-    started = time.perf_counter()
-    rc = subprocess.run(["bash", str(recipe)], env=env).returncode
+    recipes = [f"{recipe} actor_rollout_ref.rollout.seed=7", f"{recipe} actor_rollout_ref.rollout.seed=11"]
     _progress(
-        f"demo 2/2: recipe {'finished' if rc == 0 else f'failed (exit {rc})'} in {time.perf_counter() - started:.0f} s"
+        f"demo 2/2: two tiny GRPO pipelines ({recipe.name}, sampling seeds 7 and 11) multiplexed on one pool of 2 "
+        f"CPU slots by the jigsaw scheduler, 3 steps each (about 5 min); outputs in {out / 'mux'}/"
     )
-    return rc
+    result = launch(recipes, group="demo", pool_slots=2, out=str(out / "mux"), progress=_progress)
+    return result["rc"]
+
+
+def cmd_mux(args: argparse.Namespace) -> int:
+    from .mux.launcher import launch
+
+    if args.pool_slots < 1:
+        raise UsageError(f"--pool-slots must be >= 1, got {args.pool_slots}")
+    try:
+        result = launch(
+            args.recipes,
+            group=args.group,
+            pool_slots=args.pool_slots,
+            policy=args.policy,
+            device=args.device,
+            gpu=args.gpu,
+            out=args.out,
+            progress=_progress,
+        )
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(str(err)) from None
+    return result["rc"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,9 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace", help="write a Chrome/Perfetto trace here")
     sim.add_argument("--plot", help="write a utilisation plot (PNG) here")
     sim.set_defaults(func=cmd_simulate)
-    demo = sub.add_parser("demo", help="the main job on an embedded default (the simulator for now)")
+    mux = sub.add_parser("mux", help="run several verl recipes multiplexed on one pool")
+    mux.add_argument("recipes", nargs="+", help='recipe scripts, each optionally with overrides: "path.sh key=value"')
+    mux.add_argument("--group", default="mux", help="group name (default: mux)")
+    mux.add_argument("--pool-slots", type=int, default=2, help="slots in the shared pool (default: 2)")
+    mux.add_argument("--policy", default="jigsaw", help="scheduling policy (default: jigsaw)")
+    mux.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="slot kind (default: cpu)")
+    mux.add_argument("--gpu", default=None, help="GPU type from the catalogue when --device cuda (e.g. H100-80G)")
+    mux.add_argument("--out", default="out/mux", help="folder for logs, metrics, trace and plot (default: out/mux)")
+    mux.set_defaults(func=cmd_mux)
+    demo = sub.add_parser("demo", help="the simulator, then two CPU pipelines multiplexed live")
     demo.add_argument("--out", default="out", help="folder for the demo's JSON, trace and plot (default: out)")
-    demo.add_argument("--skip-recipe", action="store_true", help="only the simulation, not the CPU GRPO recipe")
+    demo.add_argument("--skip-recipe", action="store_true", help="only the simulation, not the multiplexed run")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -115,3 +115,33 @@ MODELS: dict[str, ModelSpec] = {
         ),
     )
 }
+
+
+def model_from_hf_config(config: dict, name: str = "custom") -> ModelSpec:
+    """A :class:`ModelSpec` from a Hugging Face ``config.json`` of a dense decoder (Llama/Qwen2/Qwen3 layout).
+
+    Parameters are counted from the shapes: embeddings, per layer the q/k/v/o projections (with biases when
+    ``attention_bias`` or the Qwen2 layout has them), the gated MLP and two norms, the final norm, and an
+    untied LM head.
+    """
+    missing = [
+        k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config
+    ]
+    if missing:
+        raise ValueError(f"model config.json lacks {', '.join(missing)}: not a dense decoder this catalogue knows")
+    hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    vocab, inter = int(config.get("vocab_size", 0)), int(config["intermediate_size"])
+    bias = bool(config.get("attention_bias", config.get("model_type") == "qwen2"))
+    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    if bias:
+        attn += heads * head_dim + 2 * kv_heads * head_dim
+    per_layer = attn + 3 * hidden * inter + 2 * hidden
+    embed = vocab * hidden
+    head = 0 if config.get("tie_word_embeddings", False) else vocab * hidden
+    params = embed + layers * per_layer + hidden + head
+    return ModelSpec(
+        name=name, params=float(params), layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim
+    )

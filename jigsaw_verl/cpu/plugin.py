@@ -58,6 +58,15 @@ if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":
         logger.exception("jigsaw-verl: registering the CPU backend with verl failed")
         raise
 
+if os.environ.get("JIGSAW_VERL_TQ_NAMESPACE"):  # a multiplexed run, on any platform: its own TransferQueue
+    try:
+        from patches import transfer_queue_namespace
+
+        if not transfer_queue_namespace.is_applied():
+            transfer_queue_namespace.apply()
+    except Exception:  # verl would hide this
+        logger.exception("jigsaw-verl: giving TransferQueue its own namespace failed")
+        raise
 if os.environ.get("JIGSAW_VERL_TRAINER_MODES") == "1":
     try:
         register_trainer_modes()

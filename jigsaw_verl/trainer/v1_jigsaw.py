@@ -1,4 +1,4 @@
-"""verl V1 trainer mode ``jigsaw``: verl's synchronous trainer plus rollout tail migration.
+"""verl V1 trainer mode ``jigsaw``: verl's synchronous trainer plus rollout tail migration and stage leases.
 
 Built on ``verl/trainer/ppo/v1/trainer_sync.py`` (``PPOTrainerSync``) through verl's ``@register_trainer``: it
 uses the hooks verl gives a trainer mode and copies none of its methods.
@@ -7,6 +7,11 @@ uses the hooks verl gives a trainer mode and copies none of its methods.
   migrated-from replica back into routing before verl sleeps the replicas and syncs weights;
 - ``on_step_end``: log per step ``jigsaw/migrations``, ``jigsaw/migrated_requests``,
   ``jigsaw/reprefill_tokens`` and ``jigsaw/freed_replica_s`` through verl's logger.
+With ``jigsaw.enable=true`` every stage runs under a lease from the group's live scheduler
+(:class:`~jigsaw_verl.mux.lease_client.StageLeases`): rollout from ``on_step_begin`` (before verl submits the
+prompts) to ``on_sample_end`` (after the replicas sleep), log-prob (reward, old/ref log-prob, values, advantage)
+until ``_compute_advantage`` returns, update (critic and actor, checkpoint) until ``on_step_end``, then the weight
+sync; the pipeline leaves the group when ``fit`` returns or raises. Each step logs ``jigsaw/lease_wait_s/<stage>``.
 The load balancer is :class:`~jigsaw_verl.rollout.load_balancer.MigratingLoadBalancer`, selected through
 verl's ``actor_rollout_ref.rollout.router_config_path`` (``jigsaw_verl.main_ppo`` sets both).
 """
@@ -16,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+import ray
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from ..core.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
 from ..rollout.client import MigratingLLMServerClient
 from ..rollout.migrator import RolloutMigrator
 from ..rollout.tail_monitor import TailMonitor, TailPolicy, freed_replica_seconds
@@ -32,6 +39,36 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
 
     def _migration_config(self):
         return self.config.get("jigsaw", {}).get("migration", {})
+
+    # ---- stage leases (jigsaw.enable=true) ------------------------------------------------------------------
+    def _leases(self):
+        if getattr(self, "_jigsaw_leases", None) is None and self.config.get("jigsaw", {}).get("enable", False):
+            from ..mux.lease_client import StageLeases
+
+            self._jigsaw_leases = StageLeases(self.config)
+        return getattr(self, "_jigsaw_leases", None)
+
+    def _stage(self, stage: str) -> None:
+        leases = self._leases()
+        if leases is not None:
+            leases.begin(self.global_steps - 1, stage)
+
+    def fit(self, agent_loop_manager):
+        self._leases()  # join before the first step
+        try:
+            return super().fit(agent_loop_manager)
+        finally:
+            if getattr(self, "_jigsaw_leases", None) is not None:
+                self._jigsaw_leases.leave()
+
+    def on_step_begin(self):
+        super().on_step_begin()
+        self._stage(ROLLOUT)
+
+    def _compute_advantage(self, batch, metrics):
+        batch = super()._compute_advantage(batch, metrics)
+        self._stage(UPDATE)
+        return batch
 
     def get_llm_client(self):
         return self.llm_server_manager.get_client(client_cls=MigratingLLMServerClient)
@@ -47,6 +84,7 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
         super().on_sample_begin()
         cfg = self._migration_config()
         self._jigsaw_reports_before = len(self._migrator().reports)
+        self._jigsaw_counters_before = ray.get(self._migrator().lb.migration_counters.remote())
         self._jigsaw_monitor = None
         if cfg.get("enable", False):
             policy = TailPolicy(tail_threshold=int(cfg.get("tail_threshold", 4)), poll_s=float(cfg.get("poll_s", 0.2)))
@@ -58,18 +96,27 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
         if self._jigsaw_monitor is not None:
             self._jigsaw_monitor.stop()
         new = migrator.reports[self._jigsaw_reports_before :]
+        counters = ray.get(migrator.lb.migration_counters.remote())
         self._jigsaw_step_metrics = {
             "jigsaw/migrations": len(new),
             "jigsaw/migrated_requests": sum(r.migrated_requests for r in new),
-            "jigsaw/reprefill_tokens": sum(r.reprefill_tokens for r in new),
+            # counted by the balancer as the moved requests resume: the context each target re-prefilled
+            "jigsaw/reprefill_tokens": counters["context_tokens"] - self._jigsaw_counters_before["context_tokens"],
             "jigsaw/freed_replica_s": freed_replica_seconds(new, time.monotonic()),
         }
-        parked = [s for r in new for s in r.sources]
+        parked = [s for r in new if r.freed for s in r.sources]
         if parked:
             asyncio.run(migrator.restore(parked))
         super().on_sample_end()
+        self._stage(LOGPROB)
 
     def on_step_end(self):
+        self._stage(WEIGHT_SYNC)
         super().on_step_end()
+        leases = self._leases()
+        lease_metrics = {}
+        if leases is not None:
+            leases.end()
+            lease_metrics = leases.take_metrics()
         pending = getattr(self, "_pending_sync_metrics", None) or {}
-        self._pending_sync_metrics = {**pending, **getattr(self, "_jigsaw_step_metrics", {})}
+        self._pending_sync_metrics = {**pending, **getattr(self, "_jigsaw_step_metrics", {}), **lease_metrics}

@@ -1,0 +1,69 @@
+"""``StageLeases``: a pipeline's side of the live scheduler: join, then hold a lease around every stage.
+
+The trainer (``trainer.v1.trainer_mode=jigsaw`` with ``jigsaw.enable=true``) calls ``begin(step, stage)`` before a
+stage and ``end()`` after it; ``begin`` blocks until the group's scheduler grants the stage. Stage times reach the
+scheduler's predictor through the grant/release pair. ``wait_s`` keeps how long each stage waited for its grant,
+for the step's metrics.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from ..core.graph import STAGES
+from .pipeline_spec import pipeline_spec_from_verl, slot_spec
+from .scheduler import Presence, get_scheduler
+
+
+class StageLeases:
+    """Leases of one pipeline in a multiplexing group.
+
+    Args:
+        config: the run's verl config with its ``jigsaw.mux`` group.
+    """
+
+    def __init__(self, config):
+        mux = config.jigsaw.mux
+        self.group = str(mux.group)
+        self.pipeline = str(mux.get("pipeline") or config.trainer.experiment_name)
+        self.slots = int(mux.get("slots") or config.trainer.n_gpus_per_node * config.trainer.nnodes)
+        gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.get("gpu"))
+        pool = int(mux.get("pool_slots") or self.slots)
+        self.scheduler = get_scheduler(self.group, pool, gpu, str(mux.get("policy", "jigsaw")))
+        spec = pipeline_spec_from_verl(self.pipeline, config)
+        self.presence = ray.remote(Presence).options(num_cpus=0).remote()
+        self.info = ray.get(self.scheduler.join.remote(spec, self.slots, self.presence))
+        self.current: tuple[int, str] | None = None
+        self.wait_s: dict[str, float] = {}
+        self.grants: list[dict] = []
+
+    def begin(self, step: int, stage: str) -> dict:
+        """Block until ``stage`` of ``step`` is granted (ending the stage held before, if any)."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}")
+        self.end()
+        started = time.perf_counter()
+        grant = ray.get(self.scheduler.acquire.remote(self.pipeline, step, stage))
+        self.wait_s[stage] = self.wait_s.get(stage, 0.0) + time.perf_counter() - started
+        self.current = (step, stage)
+        self.grants.append(grant)
+        return grant
+
+    def end(self) -> None:
+        """End the stage held now, if any."""
+        if self.current is not None:
+            ray.get(self.scheduler.release.remote(self.pipeline, *self.current))
+            self.current = None
+
+    def leave(self) -> None:
+        """End the held stage and leave the group."""
+        self.end()
+        ray.get(self.scheduler.leave.remote(self.pipeline))
+
+    def take_metrics(self) -> dict[str, float]:
+        """``jigsaw/lease_wait_s/<stage>`` since the last call."""
+        out = {f"jigsaw/lease_wait_s/{stage}": s for stage, s in self.wait_s.items()}
+        self.wait_s = {}
+        return out
