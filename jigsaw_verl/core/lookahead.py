@@ -14,6 +14,7 @@ decision must take milliseconds at 1024 GPUs x 64 pipelines.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,7 @@ class JigsawConfig:
 
     horizon: int = 8
     max_candidates: int = 16
-    placement_budget: int = 128
+    placement_budget: int = 32
     migration: bool = True
     colocation: bool = True
     min_gain: float = 0.05
@@ -108,6 +109,7 @@ class LookAheadPolicy:
         # Training joins a long-tail replica (memory-bound) with the SM share the table says pays best.
         self.tail_share, _, self.train_speed = table.best_share("memory", "compute")
         self._leases: tuple | None = None  # the last snapshot's per-GPU lease arrays (see _lease_arrays)
+        self._bytes: dict[tuple[str, str, int], float] = {}  # ResourceManager.stage_bytes, memoised
         self.alone_step_s = {p: sum(_interp(self.pred.prior(p)[st], self.n) for st in STAGES) for p in self.specs}
 
     def mode(self, pipeline: str) -> ExecutionMode:
@@ -120,15 +122,16 @@ class LookAheadPolicy:
         if self.cfg.horizon == 0 or not snap.ready:
             return SchedulerOutput(greedy)
         ctx = RollForward(self, snap)
-        cands = [greedy] + self._alternatives(snap, ctx)
-        seen, unique = set(), []
-        for c in cands:
+        # NOTE: candidates x pipelines x horizon bounds the work of a decision; at scale fewer candidates are scored
+        # (and only as many are built).
+        limit = min(self.cfg.max_candidates, max(2, 4 * self.cfg.placement_budget // max(1, ctx.active * ctx.horizon)))
+        seen, unique = {greedy}, [greedy]
+        for c in self._alternatives(snap, ctx):
+            if len(unique) >= limit:
+                break
             if c not in seen:
                 seen.add(c)
                 unique.append(c)
-        # NOTE: candidates x pipelines x horizon bounds the work of a decision; at scale fewer candidates are scored.
-        limit = max(2, 4 * self.cfg.placement_budget // max(1, ctx.active * ctx.horizon))
-        unique = unique[: min(self.cfg.max_candidates, limit)]
         if len(unique) == 1:
             return SchedulerOutput(greedy)
         scores = [ctx.score(c) for c in unique]
@@ -138,28 +141,27 @@ class LookAheadPolicy:
             return SchedulerOutput(greedy)
         return SchedulerOutput(unique[best])
 
-    def _alternatives(self, snap: Snapshot, ctx: RollForward) -> list[tuple]:
+    def _alternatives(self, snap: Snapshot, ctx: RollForward) -> Iterator[tuple]:
+        """The other candidates, in order, built as they are asked for."""
         free, ready = set(snap.free_gpus), list(snap.ready)
-        busy = any(snap.leases[g] for g in range(snap.num_gpus))
-        out: list[tuple] = []
+        busy = len(free) < snap.num_gpus
         if busy:  # something will end and call us again: waiting is an option
             for r in ready:  # stages bound to their training GPUs never wait by choice
                 if r.stage in self.cfg.deferrable:
-                    out.append(self._fill(snap, free, [x for x in ready if x != r]))
+                    yield self._fill(snap, free, [x for x in ready if x != r])
         if len(ready) > 1:
-            out.append(self._fill(snap, free, ready[::-1]))
+            yield self._fill(snap, free, ready[::-1])
         for r in ready:
             if r.stage == ROLLOUT:  # the whole free pool rather than a fair share
-                out.append(self._fill(snap, free, ready, caps={r: len(free)}))
+                yield self._fill(snap, free, ready, caps={r: len(free)})
         if self.cfg.colocation:
-            out.append(self._fill(snap, free, ready, colocate=False))
+            yield self._fill(snap, free, ready, colocate=False)
         if self.cfg.migration:
             for plan in ctx.migrations.values():
                 rest = [r for r in ready if r.pipeline != plan.action.pipeline]
                 starts = self._fill(snap, free | set(plan.freed_gpus), rest, released=set(plan.freed_gpus))
                 if any(set(a.gpus) & set(plan.freed_gpus) for a in starts):  # only when a ready stage takes them
-                    out.append((plan.action, *starts))
-        return out
+                    yield (plan.action, *starts)
 
     # ---- first-fit with co-location ------------------------------------------------------------------------------
     def _fill(
@@ -177,6 +179,7 @@ class LookAheadPolicy:
         only changes where new stages go: an update or sync joins its training GPUs whenever co-location is on)."""
         colocate = self.cfg.colocation if colocate is None else colocate
         free, taken, actions = set(free), set(released or ()), []
+        blocked = None  # GPUs a newcomer may not join: free or taken in this plan (built when first needed)
         views = {v.name: v for v in snap.pipelines}
         active = sum(v.arrived and not v.finished for v in snap.pipelines)
         fair = snap.num_gpus // max(1, active)
@@ -209,13 +212,18 @@ class LookAheadPolicy:
                     continue
                 free -= set(home)
                 taken |= set(home)
+                if blocked is not None:
+                    blocked[list(home)] = True
                 continue
             else:
                 gpus = sorted(free)[: max(need, min(cap, self._best_width(r.pipeline, r.stage, len(free))))]
                 gpus = gpus[: len(gpus) // unit * unit]
             share = 1.0
             if colocate and r.stage in (ROLLOUT, LOGPROB):
-                joint = self._joinable(snap, r.pipeline, r.stage, None, max(need, len(gpus) + 1), free | taken)
+                if blocked is None:
+                    blocked = np.zeros(snap.num_gpus, dtype=bool)
+                    blocked[list(free | taken)] = True
+                joint = self._joinable(snap, r.pipeline, r.stage, None, max(need, len(gpus) + 1), blocked)
                 speed = self.train_speed if r.stage != ROLLOUT else 1.0
                 gain = r.stage == LOGPROB and speed * (len(gpus) + len(joint)) > len(gpus) * 1.25
                 if joint and (len(gpus) < need or gain):
@@ -232,20 +240,21 @@ class LookAheadPolicy:
             actions.append(StartStage(r.pipeline, r.step, r.stage, tuple(gpus), share))
             free -= set(gpus)
             taken |= set(gpus)
+            if blocked is not None:
+                blocked[gpus] = True
         return tuple(actions)
 
     def _joinable(
-        self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int] | None, gpus: int, exclude=()
+        self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int] | None, gpus: int, blocked=None
     ) -> list[int]:
-        """:meth:`ResourceManager.colocatable` over ``candidates`` (every GPU not in ``exclude`` when ``None``),
+        """:meth:`ResourceManager.colocatable` over ``candidates`` (every GPU not ``blocked`` when ``None``),
         vectorised over the snapshot's leases (read once per snapshot)."""
         single, pipe, roll, ok, free_bytes = self._lease_arrays(snap)
-        mask = single & (pipe != self.index[pipeline]) & (roll != (stage == ROLLOUT)) & ok
-        mask &= free_bytes >= self.rm.stage_bytes(pipeline, stage, gpus)
+        key = (pipeline, stage, gpus)
+        need = self._bytes[key] if key in self._bytes else self._bytes.setdefault(key, self.rm.stage_bytes(*key))
+        mask = single & (pipe != self.index[pipeline]) & (roll != (stage == ROLLOUT)) & ok & (free_bytes >= need)
         if candidates is None:
-            if exclude:
-                mask[list(exclude)] = False
-            return np.flatnonzero(mask).tolist()
+            return np.flatnonzero(mask & ~blocked if blocked is not None else mask).tolist()
         return [g for g in candidates if mask[g]]
 
     def _lease_arrays(self, snap: Snapshot) -> tuple:

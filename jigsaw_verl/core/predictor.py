@@ -83,6 +83,12 @@ def _interp(table: dict[int, float], g: int) -> float:
     return float(table[lo] * (1 - x) + table[hi] * x)
 
 
+def _median(vals: list[float]) -> float:
+    """``np.median`` of a short list, without numpy's overhead."""
+    v, n = sorted(vals), len(vals)
+    return float(v[n // 2]) if n % 2 else float((v[n // 2 - 1] + v[n // 2]) / 2)
+
+
 class Predictor:
     """Predicted durations per pipeline.
 
@@ -99,6 +105,7 @@ class Predictor:
         self.cost, self.n, self.seed, self.window = cost, num_gpus, seed, window
         self._prior: dict[str, dict[str, dict[int, float]]] = {}
         self._curves: dict[str, tuple[float, ...]] = {}
+        self._last_corrections: tuple | None = None  # (history, corrections) of the last call
 
     def _finish_offsets(self, spec: PipelineSpec, samples, replicas: int, cap: int) -> tuple[float, ...]:
         """When each response of the prior's step finishes on ``replicas`` fresh replicas (its live-batch curve)."""
@@ -144,14 +151,22 @@ class Predictor:
         return float(np.median(vals)) if vals else 1.0
 
     def corrections(self, history: tuple[StageTiming, ...]) -> dict[tuple[str, str], float]:
-        """:meth:`correction` of every (pipeline, stage) in one pass over ``history`` (decisions call this once)."""
+        """:meth:`correction` of every (pipeline, stage) in one pass over ``history`` (decisions call this once).
+
+        Consecutive decisions mostly see the same history (the same timing objects), so the last answer is kept
+        and returned while the history is element for element the same objects."""
+        last = self._last_corrections
+        if last is not None and len(last[0]) == len(history) and all(a is b for a, b in zip(last[0], history)):
+            return dict(last[1])
         obs: dict[tuple[str, str], list[float]] = {}
         for h in history:
             if h.gpus > 0 and h.pipeline in self.specs:
                 table = self.prior(h.pipeline)[h.stage]
                 ratio = (h.end_s - h.start_s) / max(_interp(table, h.gpus), 1e-9)
                 obs.setdefault((h.pipeline, h.stage), []).append(ratio)
-        return {k: float(np.median(v[-self.window :])) for k, v in obs.items()}
+        out = {k: _median(v[-self.window :]) for k, v in obs.items()}
+        self._last_corrections = (history, out)
+        return dict(out)
 
     def stage_s(self, name: str, history: tuple[StageTiming, ...], stage: str, gpus: int) -> float:
         """Predicted seconds of ``stage`` of the next step on ``gpus`` GPUs."""

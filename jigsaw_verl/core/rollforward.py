@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
-from .migration import MigrationPlan, plan_migration
+from .migration import MigrationPlan, in_tail, plan_migration
 from .predictor import _interp
 from .scheduling import Migrate, Snapshot, StartStage
 
@@ -76,13 +76,13 @@ class RollForward:
         host = now + p.pred.time_until_outstanding_s(
             name, curve, total, sum(live), int(p.cfg.colocate_live_per_replica * len(reps))
         )
-        for r, t in zip(reps, rem):
-            self.replica_end[r.replica] = now + t
-            idx = list(r.gpus)
-            self.end[idx] = np.maximum(self.end[idx], now + t)
+        if reps:  # every replica's GPUs at once
+            self.replica_end.update((r.replica, now + t) for r, t in zip(reps, rem))
+            idx = [g for r in reps for g in r.gpus]
+            np.maximum.at(self.end, idx, np.repeat(now + np.asarray(rem), [len(r.gpus) for r in reps]))
             self.host_from[idx] = host
             self.owner[idx] = p.index[name]
-        if p.cfg.migration and p.cfg.horizon > 0 and reps:
+        if p.cfg.migration and p.cfg.horizon > 0 and reps and in_tail(reps, p.cfg.tail_live_per_replica):
             colocated = any(len(self.snap.leases[g]) > 1 for r in reps for g in r.gpus)
             plan = None if colocated else self._plan(name, reps, rem)
             if plan is not None and plan.worth_it():
