@@ -15,7 +15,7 @@ from jigsaw_verl.core.lookahead import JigsawConfig, LookAheadPolicy
 from jigsaw_verl.core.migration import plan_migration
 from jigsaw_verl.core.resources import InterferenceTable
 from jigsaw_verl.core.rollout_engine import ReplicaEngine, Request
-from jigsaw_verl.core.scheduling import Migrate, ReplicaView, SchedulerOutput, StartStage
+from jigsaw_verl.core.scheduling import Migrate, ReplicaView, SchedulerOutput, StageTiming, StartStage
 from jigsaw_verl.core.spec import SpecError, workload_from_dict
 from jigsaw_verl.sim.policies import POLICIES
 from jigsaw_verl.sim.predictor_report import predictor_error
@@ -194,3 +194,18 @@ def test_predictor_error_is_reported():
     err = predictor_error(w, Simulator(w, c).run())
     assert err.samples[ROLLOUT] == sum(p.steps - 1 for p in w.pipelines)
     assert all(v >= 0 for v in err.mean.values())
+
+
+def test_corrections_are_reused_only_for_the_same_history():
+    w = workload_from_dict(TAILS, "tails")
+    r = Simulator(w, POLICIES.get("greedy")(w)[0]).run()
+    pol = LookAheadPolicy(w, JigsawConfig(), name="jigsaw")
+    history = tuple(
+        StageTiming(pipeline=s.pipeline, step=s.step, stage=s.stage, start_s=s.start_s, end_s=s.end_s, gpus=s.gpus)
+        for s in r.stages
+    )
+    fresh = LookAheadPolicy(w, JigsawConfig(), name="jigsaw").pred.corrections(history)
+    assert pol.pred.corrections(history) == fresh == pol.pred.corrections(history)
+    shorter = pol.pred.corrections(history[:-4])
+    assert shorter == LookAheadPolicy(w, JigsawConfig(), name="jigsaw").pred.corrections(history[:-4])
+    assert pol.pred.corrections(history) == fresh

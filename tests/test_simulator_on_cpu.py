@@ -55,3 +55,12 @@ def test_verl_seq_runs_jobs_one_after_another(tiny_workload):
     r = Simulator(tiny_workload, c).run()
     assert min(s.start_s for s in r.stages if s.pipeline == "b") >= r.finish_s["a"]
     assert all(len(s.gpus) == tiny_workload.cluster.num_gpus or s.stage == "rollout" for s in r.slices)
+
+
+@pytest.mark.parametrize("policy", ["verl-split", "greedy"])
+def test_finished_pipelines_release_device_memory(policy):
+    """A finished job's state leaves the GPUs (it would otherwise shrink later replicas' KV caches)."""
+    w = workload_from_dict(WORKLOADS["async-late-arrival"])
+    sim = Simulator(w, POLICIES.get(policy)(w)[0])
+    sim.run()
+    assert not any(sim.resident)
