@@ -16,6 +16,8 @@ from omegaconf import DictConfig
 JIGSAW_KEYS = {"enable", "migration", "mux"}
 MIGRATION_KEYS = {"enable", "tail_threshold", "poll_s"}
 MUX_KEYS = {"group", "pipeline", "slots", "pool_slots", "policy", "gpu"}
+# the group's pool size, given to each pipeline by the launcher so a pipeline too big for it fails before it starts
+POOL_ENV = "JIGSAW_VERL_MUX_POOL_SLOTS"
 # environment the launcher gives a pipeline that its Ray actors need too
 FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH",)
 
@@ -64,6 +66,14 @@ def check_jigsaw_config(config: DictConfig) -> None:
             raise JigsawConfigError(
                 f"jigsaw.mux.policy={mux.policy!r} is unknown (known: {', '.join(sorted(POLICIES.names()))})"
             )
+        slots = int(mux.get("slots") or config.trainer.n_gpus_per_node * config.trainer.nnodes)
+        pool = os.environ.get(POOL_ENV) or mux.get("pool_slots")
+        if pool is not None and slots > int(pool):
+            name = mux.get("pipeline") or config.trainer.experiment_name
+            raise JigsawConfigError(
+                f"jigsaw.mux.slots: pipeline {name!r} needs {slots} slots (trainer.n_gpus_per_node x trainer.nnodes "
+                f"unless set) but group {mux.group!r} has a pool of {int(pool)}"
+            )
         mode = config.trainer.v1.get("trainer_mode", "sync")
         if mode not in ("sync", "jigsaw") or not config.trainer.get("use_v1", True):
             raise JigsawConfigError(
@@ -108,7 +118,11 @@ def set_ray_env(config: DictConfig, name: str, value: str) -> None:
 def prepare(config: DictConfig) -> None:
     """All checks and adjustments that must happen before verl is imported."""
     check_jigsaw_config(config)
-    if config.jigsaw.enable or config.jigsaw.get("migration", {}).get("enable", False):
+    if (
+        config.jigsaw.enable
+        or config.jigsaw.get("migration", {}).get("enable", False)
+        or config.trainer.v1.get("trainer_mode") == "jigsaw"
+    ):
         select_jigsaw_trainer(config)
     if config.jigsaw.enable:
         # pipelines of a group share a Ray cluster; each keeps its own TransferQueue (patches/transfer_queue_namespace)

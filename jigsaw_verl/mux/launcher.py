@@ -95,6 +95,7 @@ def launch(
                 OUT=str(out_dir / name),
                 PY=sys.executable,
                 VERL_FILE_LOGGER_PATH=str((out_dir / f"{name}.metrics.jsonl").resolve()),
+                JIGSAW_VERL_MUX_POOL_SLOTS=str(pool_slots),
             )
             args = [
                 "bash",

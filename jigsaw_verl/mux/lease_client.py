@@ -13,6 +13,7 @@ import time
 import ray
 
 from ..core.graph import STAGES
+from .executor import PoolTooSmall
 from .pipeline_spec import pipeline_spec_from_verl, slot_spec
 from .scheduler import Presence, get_scheduler
 
@@ -34,7 +35,12 @@ class StageLeases:
         self.scheduler = get_scheduler(self.group, pool, gpu, str(mux.get("policy", "jigsaw")))
         spec = pipeline_spec_from_verl(self.pipeline, config)
         self.presence = ray.remote(Presence).options(num_cpus=0).remote()
-        self.info = ray.get(self.scheduler.join.remote(spec, self.slots, self.presence))
+        try:
+            self.info = ray.get(self.scheduler.join.remote(spec, self.slots, self.presence))
+        except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, PoolTooSmall):
+                raise PoolTooSmall(f"jigsaw.mux.slots: {err.cause}") from None
+            raise
         self.current: tuple[int, str] | None = None
         self.wait_s: dict[str, float] = {}
         self.grants: list[dict] = []

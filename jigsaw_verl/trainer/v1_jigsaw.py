@@ -65,6 +65,24 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
         super().on_step_begin()
         self._stage(ROLLOUT)
 
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """Put the step's samples in a canonical order (by prompt tokens, then sample index) before verl balances
+        them over the data-parallel ranks. verl orders them by when each response finished, which varies from
+        run to run (and with what else runs on the pool); training would then sum the same gradients in another
+        order. With this, a step's update depends only on its samples."""
+        import transfer_queue as tq
+
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts"])
+        prompts = data["prompts"].to_padded_tensor(padding=-1).tolist()
+
+        def key(i: int):
+            parts = batch.keys[i].rsplit("_", 2)
+            sample = (int(parts[1]), int(parts[2])) if len(parts) == 3 and parts[1].isdigit() else (0, 0)
+            return (prompts[i], sample, batch.keys[i])
+
+        batch.reorder(sorted(range(len(batch.keys)), key=key))
+        return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+
     def _compute_advantage(self, batch, metrics):
         batch = super()._compute_advantage(batch, metrics)
         self._stage(UPDATE)
