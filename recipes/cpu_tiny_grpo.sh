@@ -2,6 +2,7 @@
 # verl's GSM8K GRPO recipe, scaled down to a tiny model on the CPU: 3 GRPO steps, rollout.n=4.
 # Runs verl's own trainer (jigsaw.enable=false) through jigsaw_verl.main_ppo with trainer.device=cpu.
 # Extra arguments are appended as hydra overrides, e.g. `trainer.total_training_steps=2`.
+# ENTRY is the python entry point (default: -m jigsaw_verl.main_ppo; cpu_tiny_grpo_legacy.sh swaps it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -9,7 +10,10 @@ ASSETS=$($PY -c "from jigsaw_verl.cpu.assets import build_tiny_assets as b; prin
 OUT=${OUT:-out/cpu_tiny_grpo}
 mkdir -p "$OUT"
 
-exec $PY -m jigsaw_verl.main_ppo \
+ENTRY=${ENTRY:--m jigsaw_verl.main_ppo}
+
+# shellcheck disable=SC2086  # ENTRY is two words on purpose
+exec $PY $ENTRY \
     algorithm.adv_estimator=grpo \
     data.train_files="$ASSETS/train.parquet" \
     data.val_files="$ASSETS/val.parquet" \

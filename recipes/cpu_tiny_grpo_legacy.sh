@@ -5,60 +5,7 @@
 # Extra arguments are appended as hydra overrides, e.g. `trainer.total_training_steps=2`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-ASSETS=$($PY -c "from jigsaw_verl.cpu.assets import build_tiny_assets as b; print(b().root)" 2>/dev/null | tail -n 1)
-OUT=${OUT:-out/cpu_tiny_grpo_legacy}
-mkdir -p "$OUT"
-
-exec $PY recipes/legacy_dropin/main.py \
-    algorithm.adv_estimator=grpo \
-    data.train_files="$ASSETS/train.parquet" \
-    data.val_files="$ASSETS/val.parquet" \
-    data.train_batch_size=8 \
-    data.max_prompt_length=64 \
-    data.max_response_length=24 \
-    data.filter_overlong_prompts=True \
-    data.truncation=error \
-    data.shuffle=False \
-    data.seed=1 \
-    data.dataloader_num_workers=0 \
-    actor_rollout_ref.model.path="$ASSETS/model" \
-    actor_rollout_ref.model.use_remove_padding=False \
-    actor_rollout_ref.model.enable_gradient_checkpointing=False \
-    actor_rollout_ref.actor.optim.lr=1e-3 \
-    actor_rollout_ref.actor.ppo_mini_batch_size=8 \
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
-    actor_rollout_ref.actor.use_kl_loss=True \
-    actor_rollout_ref.actor.kl_loss_coef=0.001 \
-    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
-    actor_rollout_ref.actor.entropy_coeff=0 \
-    actor_rollout_ref.actor.fsdp_config.param_offload=False \
-    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
-    actor_rollout_ref.rollout.name=cpu \
-    actor_rollout_ref.rollout.n=4 \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
-    actor_rollout_ref.rollout.full_determinism=True \
-    actor_rollout_ref.rollout.seed=7 \
-    actor_rollout_ref.rollout.agent.num_workers=1 \
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
-    actor_rollout_ref.ref.fsdp_config.param_offload=False \
-    reward.custom_reward_function.path="$PWD/jigsaw_verl/cpu/reward.py" \
-    reward.custom_reward_function.name=compute_score \
-    algorithm.use_kl_in_reward=False \
-    trainer.device=cpu \
-    trainer.n_gpus_per_node=2 \
-    trainer.nnodes=1 \
-    trainer.critic_warmup=0 \
-    trainer.logger=console \
-    trainer.project_name=jigsaw_cpu \
+OUT=${OUT:-out/cpu_tiny_grpo_legacy} ENTRY=recipes/legacy_dropin/main.py exec bash recipes/cpu_tiny_grpo.sh \
     trainer.experiment_name=tiny_grpo_legacy \
-    trainer.val_before_train=False \
-    trainer.test_freq=-1 \
-    trainer.save_freq=-1 \
-    trainer.default_local_dir="$OUT/checkpoints" \
-    trainer.total_training_steps=3 \
-    trainer.total_epochs=1 \
     trainer.use_v1=false \
-    jigsaw.enable=false \
     "$@"
