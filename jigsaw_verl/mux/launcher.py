@@ -208,4 +208,4 @@ def write_live_plot(trace: list[dict], path: Path, pool_slots: int, *, title: st
 
     if not trace:
         return
-    write_plot({"live": _as_result(trace, pool_slots, "live")}, path, title=title)
+    write_plot({"live": _as_result(trace, pool_slots, "live")}, path, title=title, ylabel="slots leased")

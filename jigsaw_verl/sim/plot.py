@@ -25,7 +25,7 @@ def busy_gpus(r: SimResult, pipelines: list[str], edges: np.ndarray) -> np.ndarr
     return out
 
 
-def write_plot(results: dict[str, SimResult], path: str | Path, *, title: str = "") -> None:
+def write_plot(results: dict[str, SimResult], path: str | Path, *, title: str = "", ylabel: str = "GPUs busy") -> None:
     """A PNG with one panel per policy on a shared time axis."""
     import matplotlib
 
@@ -41,7 +41,7 @@ def write_plot(results: dict[str, SimResult], path: str | Path, *, title: str = 
         ax.stackplot(mids, busy_gpus(r, pipelines, edges), labels=pipelines, step="mid", alpha=0.85)
         ax.axvline(r.makespan_s, color="k", lw=0.8, ls="--")
         ax.set_ylim(0, r.num_gpus)
-        ax.set_ylabel("GPUs busy")
+        ax.set_ylabel(ylabel)
         ax.set_title(f"{name}: makespan {r.makespan_s:.0f} s", fontsize=9, loc="left")
     axes[0, 0].legend(loc="upper right", fontsize=8, ncol=len(pipelines))
     axes[-1, 0].set_xlabel("time (s)")
