@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 JIGSAW_KEYS = {"enable", "migration", "mux"}
 MIGRATION_KEYS = {"enable", "tail_threshold", "poll_s"}
 MUX_KEYS = {"group", "pipeline", "slots", "pool_slots", "policy", "gpu"}
-# the group's pool size, given to each pipeline by the launcher so a pipeline too big for it fails before it starts
-POOL_ENV = "JIGSAW_VERL_MUX_POOL_SLOTS"
+# the known keys of each level of the jigsaw group
+KNOWN_KEYS = {"jigsaw": JIGSAW_KEYS, "jigsaw.migration": MIGRATION_KEYS, "jigsaw.mux": MUX_KEYS}
 # environment the launcher gives a pipeline that its Ray actors need too
 FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH",)
 
@@ -26,34 +26,31 @@ class JigsawConfigError(ValueError):
     """A ``jigsaw.*`` key is unknown or not supported yet."""
 
 
+def _refuse_unknown(level: str, key: str) -> None:
+    known = KNOWN_KEYS[level]
+    if key not in known:
+        raise JigsawConfigError(f"unknown key {level}.{key} (known: {', '.join(sorted(known))})")
+
+
 def check_jigsaw_overrides(argv: list[str]) -> None:
     """Reject an unknown ``jigsaw.*`` command-line key before hydra does (hydra's own error is a six-line
     traceback); the config checks below repeat this for keys that come from elsewhere."""
-    groups = {"": JIGSAW_KEYS, "migration": MIGRATION_KEYS, "mux": MUX_KEYS}
     for arg in argv:
         key = arg.split("=", 1)[0].lstrip("+~")
         if "=" not in arg or not key.startswith("jigsaw."):
             continue
         parts = key.split(".")[1:]
-        if parts[0] not in JIGSAW_KEYS:
-            raise JigsawConfigError(f"unknown key jigsaw.{parts[0]} (known: {', '.join(sorted(JIGSAW_KEYS))})")
-        if len(parts) > 1 and parts[0] in groups and parts[1] not in groups[parts[0]]:
-            known = ", ".join(sorted(groups[parts[0]]))
-            raise JigsawConfigError(f"unknown key jigsaw.{parts[0]}.{parts[1]} (known: {known})")
+        _refuse_unknown("jigsaw", parts[0])
+        if len(parts) > 1 and f"jigsaw.{parts[0]}" in KNOWN_KEYS:
+            _refuse_unknown(f"jigsaw.{parts[0]}", parts[1])
 
 
 def check_jigsaw_config(config: DictConfig) -> None:
-    unknown = sorted(set(config.get("jigsaw", {})) - JIGSAW_KEYS)
-    if unknown:
-        raise JigsawConfigError(f"unknown key jigsaw.{unknown[0]} (known: {', '.join(sorted(JIGSAW_KEYS))})")
-    unknown = sorted(set(config.jigsaw.get("migration", {})) - MIGRATION_KEYS)
-    if unknown:
-        raise JigsawConfigError(
-            f"unknown key jigsaw.migration.{unknown[0]} (known: {', '.join(sorted(MIGRATION_KEYS))})"
-        )
-    unknown = sorted(set(config.jigsaw.get("mux", {})) - MUX_KEYS)
-    if unknown:
-        raise JigsawConfigError(f"unknown key jigsaw.mux.{unknown[0]} (known: {', '.join(sorted(MUX_KEYS))})")
+    for key in sorted(config.get("jigsaw", {})):
+        _refuse_unknown("jigsaw", key)
+    for level in ("migration", "mux"):
+        for key in sorted(config.jigsaw.get(level, {})):
+            _refuse_unknown(f"jigsaw.{level}", key)
     if config.jigsaw.enable:
         mux = config.jigsaw.get("mux", {})
         if not mux.get("group"):
@@ -66,13 +63,14 @@ def check_jigsaw_config(config: DictConfig) -> None:
             raise JigsawConfigError(
                 f"jigsaw.mux.policy={mux.policy!r} is unknown (known: {', '.join(sorted(POLICIES.names()))})"
             )
-        slots = int(mux.get("slots") or config.trainer.n_gpus_per_node * config.trainer.nnodes)
-        pool = os.environ.get(POOL_ENV) or mux.get("pool_slots")
+        from .mux.pipeline_spec import mux_pipeline_name, mux_slots
+
+        slots, pool = mux_slots(config), mux.get("pool_slots")
         if pool is not None and slots > int(pool):
-            name = mux.get("pipeline") or config.trainer.experiment_name
             raise JigsawConfigError(
-                f"jigsaw.mux.slots: pipeline {name!r} needs {slots} slots (trainer.n_gpus_per_node x trainer.nnodes "
-                f"unless set) but group {mux.group!r} has a pool of {int(pool)}"
+                f"jigsaw.mux.slots: pipeline {mux_pipeline_name(config)!r} needs {slots} slots "
+                f"(trainer.n_gpus_per_node x trainer.nnodes unless set) but group {mux.group!r} has a pool of "
+                f"{int(pool)}"
             )
         mode = config.trainer.v1.get("trainer_mode", "sync")
         if mode not in ("sync", "jigsaw") or not config.trainer.get("use_v1", True):
@@ -98,20 +96,20 @@ def select_jigsaw_trainer(config: DictConfig) -> None:
 
     from omegaconf import open_dict
 
-    os.environ["JIGSAW_VERL_TRAINER_MODES"] = "1"  # the plugin registers trainer mode `jigsaw` in every process
     with open_dict(config):
         config.trainer.v1.trainer_mode = "jigsaw"
         config.actor_rollout_ref.rollout.router_config_path = str(
             Path(__file__).resolve().parent / "config" / "migrating_router.yaml"
         )
-    set_ray_env(config, "JIGSAW_VERL_TRAINER_MODES", "1")
+    set_ray_env(config, "JIGSAW_VERL_TRAINER_MODES", "1")  # the plugin registers trainer mode `jigsaw` everywhere
 
 
 def set_ray_env(config: DictConfig, name: str, value: str) -> None:
-    """Give every Ray worker of the run environment variable ``name`` (through the job's runtime env, which also
-    reaches workers of a cluster the run joins rather than starts)."""
+    """Give this process and every Ray worker of the run environment variable ``name`` (through the job's runtime
+    env, which also reaches workers of a cluster the run joins rather than starts)."""
     from omegaconf import OmegaConf
 
+    os.environ[name] = value
     OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{name}", value, force_add=True)
 
 
@@ -126,10 +124,11 @@ def prepare(config: DictConfig) -> None:
         select_jigsaw_trainer(config)
     if config.jigsaw.enable:
         # pipelines of a group share a Ray cluster; each keeps its own TransferQueue (patches/transfer_queue_namespace)
-        pipeline = config.jigsaw.mux.get("pipeline") or config.trainer.experiment_name
-        namespace = f"transfer_queue.{config.jigsaw.mux.group}.{pipeline}"
-        os.environ["JIGSAW_VERL_TQ_NAMESPACE"] = namespace
-        set_ray_env(config, "JIGSAW_VERL_TQ_NAMESPACE", namespace)
+        from .mux.pipeline_spec import mux_pipeline_name
+
+        set_ray_env(
+            config, "JIGSAW_VERL_TQ_NAMESPACE", f"transfer_queue.{config.jigsaw.mux.group}.{mux_pipeline_name(config)}"
+        )
     if config.trainer.get("device") == "cpu":
         from .cpu.backend import prepare_cpu_run
 

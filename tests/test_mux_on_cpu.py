@@ -162,18 +162,18 @@ def test_leases_never_oversubscribe_the_pool(runs):
 
 
 @pytest.mark.parametrize(
-    "overrides, env, message",
+    "overrides, message",
     [
-        (["trainer.n_gpus_per_node=4", "trainer.experiment_name=big"], {"JIGSAW_VERL_MUX_POOL_SLOTS": "2"},
+        (["trainer.n_gpus_per_node=4", "trainer.experiment_name=big", "jigsaw.mux.pool_slots=2"],
          "jigsaw.mux.slots: pipeline 'big' needs 4 slots"),
-        (["jigsaw.mux.group=null"], {}, "jigsaw.enable=true needs jigsaw.mux.group"),
-        (["jigsaw.mux.policy=fastest"], {}, "jigsaw.mux.policy='fastest' is unknown"),
+        (["jigsaw.mux.group=null"], "jigsaw.enable=true needs jigsaw.mux.group"),
+        (["jigsaw.mux.policy=fastest"], "jigsaw.mux.policy='fastest' is unknown"),
     ],
 )  # fmt: skip
-def test_bad_pipeline_gets_one_line_before_ray(overrides, env, message):
+def test_bad_pipeline_gets_one_line_before_ray(overrides, message):
     args = ["jigsaw.enable=true", "jigsaw.mux.group=g", "trainer.total_training_steps=3", *overrides]
     r = subprocess.run(
-        [sys.executable, "-m", "jigsaw_verl.main_ppo", *args], env=_env(**env), capture_output=True, text=True
+        [sys.executable, "-m", "jigsaw_verl.main_ppo", *args], env=_env(), capture_output=True, text=True
     )
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr

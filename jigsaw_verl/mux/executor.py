@@ -61,6 +61,7 @@ class Grant:
         gpus: pool slots leased to it.
         sm_share: share of each slot (1 = exclusive).
         forced: granted without the policy (nothing else could ever wake the pool, or verl's post-training sync).
+        start_s: when it was granted, seconds since the group started.
     """
 
     pipeline: str
@@ -69,6 +70,7 @@ class Grant:
     gpus: tuple[int, ...]
     sm_share: float = 1.0
     forced: bool = False
+    start_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,6 @@ class _Pipe:
     requested: tuple[int, str] | None = None
     requested_s: float = 0.0
     running: dict[tuple[int, str], Grant] = field(default_factory=dict)
-    since: dict[tuple[int, str], float] = field(default_factory=dict)
     done: set[tuple[int, str]] = field(default_factory=set)
     version: int = 0
     steps_done: int = 0
@@ -178,7 +179,7 @@ class LiveExecutor:
 
     def _end(self, ps: _Pipe, key: tuple[int, str], now: float, *, record: bool) -> None:
         grant = ps.running.pop(key)
-        start = ps.since.pop(key)
+        start = grant.start_s
         for g in grant.gpus:
             self.leases[g] = [entry for entry in self.leases[g] if entry[:3] != (ps.spec.name, key[0], key[1])]
         self.slices.append(
@@ -235,7 +236,7 @@ class LiveExecutor:
                     version=ps.version,
                     steps_done=ps.steps_done,
                     running=running,
-                    running_since_s=tuple(ps.since[key] for key in ps.running),
+                    running_since_s=tuple(grant.start_s for grant in ps.running.values()),
                     rollout_gpus=frozenset(g for (_, st), gr in ps.running.items() if st == ROLLOUT for g in gr.gpus),
                     train_gpus=ps.train_gpus,
                 )
@@ -302,10 +303,9 @@ class LiveExecutor:
 
     def _grant(self, ps: _Pipe, gpus: tuple[int, ...], share: float, now: float, *, forced: bool) -> Grant:
         step, stage = ps.requested
-        grant = Grant(ps.spec.name, step, stage, gpus, share, forced)
+        grant = Grant(ps.spec.name, step, stage, gpus, share, forced, now)
         ps.requested = None
         ps.running[(step, stage)] = grant
-        ps.since[(step, stage)] = now
         for g in gpus:
             if self.leases[g] and share < 1.0:  # the occupant's lease shrinks to the rest
                 p, k, st, old = self.leases[g][0]

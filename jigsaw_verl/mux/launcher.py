@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from .pipeline_spec import slot_spec
 
@@ -29,9 +30,8 @@ CPUS_PER_PIPELINE = 16
 @dataclass
 class _Run:
     name: str
-    recipe: Path
     proc: subprocess.Popen
-    log: Path
+    log: IO
     steps: int | None = None
     done: int = 0
     rc: int | None = None
@@ -53,7 +53,6 @@ def launch(
     device: str = "cpu",
     gpu: str | None = None,
     out: str = "out/mux",
-    extra: list[str] | None = None,
     progress=print,
 ) -> dict:
     """Run ``recipes`` as one group (each ``"path.sh [override ...]"``).
@@ -95,7 +94,6 @@ def launch(
                 OUT=str(out_dir / name),
                 PY=sys.executable,
                 VERL_FILE_LOGGER_PATH=str((out_dir / f"{name}.metrics.jsonl").resolve()),
-                JIGSAW_VERL_MUX_POOL_SLOTS=str(pool_slots),
             )
             args = [
                 "bash",
@@ -107,12 +105,9 @@ def launch(
                 f"jigsaw.mux.policy={policy}",
                 f"trainer.experiment_name={name}",
                 *parsed[i][1:],
-                *(extra or []),
             ]
             handle = log.open("w")
-            runs.append(
-                _Run(name, recipe, subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT), log)
-            )
+            runs.append(_Run(name, subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT), handle))
             progress(f"mux: started {name} ({recipe}); log {log}")
         shown: dict[str, str] = {}
         while any(r.rc is None for r in runs):
@@ -121,6 +116,8 @@ def launch(
             for r in runs:
                 if r.rc is None:
                     r.rc = r.proc.poll()
+                    if r.rc is not None:
+                        r.log.close()
                 info = status["pipelines"].get(r.name)
                 if info is not None:
                     r.steps, r.done = info["steps"], info["steps_done"]

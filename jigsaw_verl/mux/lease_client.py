@@ -14,7 +14,7 @@ import ray
 
 from ..core.graph import STAGES
 from .executor import PoolTooSmall
-from .pipeline_spec import pipeline_spec_from_verl, slot_spec
+from .pipeline_spec import mux_pipeline_name, mux_slots, pipeline_spec_from_verl, slot_spec
 from .scheduler import Presence, get_scheduler
 
 
@@ -27,23 +27,21 @@ class StageLeases:
 
     def __init__(self, config):
         mux = config.jigsaw.mux
-        self.group = str(mux.group)
-        self.pipeline = str(mux.get("pipeline") or config.trainer.experiment_name)
-        self.slots = int(mux.get("slots") or config.trainer.n_gpus_per_node * config.trainer.nnodes)
+        self.pipeline = mux_pipeline_name(config)
+        slots = mux_slots(config)
         gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.get("gpu"))
-        pool = int(mux.get("pool_slots") or self.slots)
-        self.scheduler = get_scheduler(self.group, pool, gpu, str(mux.get("policy", "jigsaw")))
+        pool = int(mux.get("pool_slots") or slots)
+        self.scheduler = get_scheduler(str(mux.group), pool, gpu, str(mux.get("policy", "jigsaw")))
         spec = pipeline_spec_from_verl(self.pipeline, config)
         self.presence = ray.remote(Presence).options(num_cpus=0).remote()
         try:
-            self.info = ray.get(self.scheduler.join.remote(spec, self.slots, self.presence))
+            ray.get(self.scheduler.join.remote(spec, slots, self.presence))
         except ray.exceptions.RayTaskError as err:
             if isinstance(err.cause, PoolTooSmall):
                 raise PoolTooSmall(f"jigsaw.mux.slots: {err.cause}") from None
             raise
         self.current: tuple[int, str] | None = None
         self.wait_s: dict[str, float] = {}
-        self.grants: list[dict] = []
 
     def begin(self, step: int, stage: str) -> dict:
         """Block until ``stage`` of ``step`` is granted (ending the stage held before, if any)."""
@@ -54,7 +52,6 @@ class StageLeases:
         grant = ray.get(self.scheduler.acquire.remote(self.pipeline, step, stage))
         self.wait_s[stage] = self.wait_s.get(stage, 0.0) + time.perf_counter() - started
         self.current = (step, stage)
-        self.grants.append(grant)
         return grant
 
     def end(self) -> None:

@@ -46,6 +46,17 @@ def _get(config, dotted: str, default=None):
     return default if node is None else node
 
 
+def mux_pipeline_name(config) -> str:
+    """The pipeline's name in its group: ``jigsaw.mux.pipeline``, else ``trainer.experiment_name``."""
+    return str(_get(config, "jigsaw.mux.pipeline") or _get(config, "trainer.experiment_name"))
+
+
+def mux_slots(config) -> int:
+    """The pool slots the pipeline's stages lease: ``jigsaw.mux.slots``, else the GPUs verl gives the run."""
+    slots = _get(config, "jigsaw.mux.slots")
+    return int(slots or _get(config, "trainer.n_gpus_per_node") * _get(config, "trainer.nnodes"))
+
+
 def pipeline_spec_from_verl(name: str, config) -> PipelineSpec:
     """The planning spec of a verl run (``config`` is verl's resolved DictConfig, or a nested dict)."""
     model_dir = Path(str(_get(config, "actor_rollout_ref.model.path")))

@@ -140,9 +140,9 @@ class MuxScheduler:
         now = self._now()
         done = [asdict(s) for s in self.executor.slices]
         running = [
-            {**asdict(g), "start_s": ps.since[key], "end_s": now, "running": True}
+            {**asdict(g), "end_s": now, "running": True}
             for ps in self.executor.pipes.values()
-            for key, g in ps.running.items()
+            for g in ps.running.values()
         ]
         return done + running
 

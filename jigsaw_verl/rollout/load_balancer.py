@@ -130,19 +130,6 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
             self.remove_servers(sources)
         return {"targets": targets, "parked": parked, "moved": moved}
 
-    def park_servers(self, server_ids: list[str]) -> dict[str, int]:
-        """Stop routing to ``server_ids`` without moving anything; returns each one's in-flight count."""
-        missing = [s for s in server_ids if s not in self._servers]
-        if missing:
-            raise KeyError(f"not routable (unknown or already parked): {missing}")
-        if len(server_ids) >= len(self._servers):
-            raise ValueError("cannot park every server: migrated requests need somewhere to go")
-        inflight = {s: self._inflight_requests.get(s, 0) for s in server_ids}
-        for s in server_ids:
-            self._parked[s] = self._servers[s]
-        self.remove_servers(server_ids)
-        return inflight
-
     def unpark_servers(self, server_ids: list[str]) -> None:
         """Put parked servers back into routing."""
         missing = [s for s in server_ids if s not in self._parked]

@@ -35,7 +35,8 @@ TRAINER_MODE = "jigsaw"
 
 @register_trainer(TRAINER_MODE)
 class JigsawPPOTrainerV1(PPOTrainerSync):
-    """verl's sync PPO trainer with rollout tail migration (``jigsaw.migration.*``)."""
+    """verl's sync PPO trainer with rollout tail migration (``jigsaw.migration.*``), stage leases
+    (``jigsaw.enable``) and a canonical batch order (see the module docstring and ``_balance_batch``)."""
 
     def _migration_config(self):
         return self.config.get("jigsaw", {}).get("migration", {})
