@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 JIGSAW_KEYS = {"enable", "migration", "mux"}
 MIGRATION_KEYS = {"enable", "tail_threshold", "poll_s"}
-MUX_KEYS = {"group", "pipeline", "slots", "pool_slots", "policy", "gpu"}
+MUX_KEYS = {"group", "pipeline", "slots", "pool_slots", "policy", "gpu", "max_pipelines", "offload"}
 # the known keys of each level of the jigsaw group
 KNOWN_KEYS = {"jigsaw": JIGSAW_KEYS, "jigsaw.migration": MIGRATION_KEYS, "jigsaw.mux": MUX_KEYS}
 # environment the launcher gives a pipeline that its Ray actors need too
@@ -71,6 +71,23 @@ def check_jigsaw_config(config: DictConfig) -> None:
                 f"jigsaw.mux.slots: pipeline {mux_pipeline_name(config)!r} needs {slots} slots "
                 f"(trainer.n_gpus_per_node x trainer.nnodes unless set) but group {mux.group!r} has a pool of "
                 f"{int(pool)}"
+            )
+        if int(mux.get("max_pipelines") or 4) < 1:
+            raise JigsawConfigError(f"jigsaw.mux.max_pipelines={mux.max_pipelines}: a group holds at least 1 pipeline")
+        # the pipeline's workers go into the group's one-node pool (mux.shared_pool); say so before Ray starts
+        if int(config.trainer.nnodes) != 1:
+            raise JigsawConfigError(
+                f"trainer.nnodes={config.trainer.nnodes}: a multiplexing group's pool is one node (jigsaw.enable=true)"
+            )
+        if config.reward.get("reward_model", {}).get("enable_resource_pool", False):
+            raise JigsawConfigError(
+                "reward.reward_model.enable_resource_pool=true: a multiplexed pipeline runs all its roles in the "
+                "group's pool (jigsaw.enable=true)"
+            )
+        if pool is not None and int(config.trainer.n_gpus_per_node) > int(pool):
+            raise JigsawConfigError(
+                f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}: pipeline {mux_pipeline_name(config)!r} "
+                f"places more workers than group {mux.group!r} has pool slots ({int(pool)})"
             )
         mode = config.trainer.v1.get("trainer_mode", "sync")
         if mode not in ("sync", "jigsaw") or not config.trainer.get("use_v1", True):

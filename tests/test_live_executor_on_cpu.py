@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from jigsaw_verl.core.graph import STAGES, WEIGHT_SYNC
+from jigsaw_verl.core.scheduling import Migrate, SchedulerOutput, StartStage
 from jigsaw_verl.cpu.assets import build_tiny_assets
-from jigsaw_verl.mux.executor import LiveExecutor, PoolTooSmall
+from jigsaw_verl.mux.executor import LiveExecutor, MigrationOrder, PoolTooSmall, ReplicaReport
 from jigsaw_verl.mux.pipeline_spec import CPU_SLOT, pipeline_spec_from_verl
+from jigsaw_verl.sim.policies import POLICIES
 
 DURATION = {"rollout": 3.0, "logprob": 1.0, "update": 2.0, "weight_sync": 0.5}
 
@@ -108,3 +110,76 @@ def test_bad_requests_are_refused():
         ex.finish("a", 0, "update", 0.0)
     with pytest.raises(KeyError, match="nope"):
         LiveExecutor(2, CPU_SLOT, policy="nope")
+
+
+def test_homes_spread_pipelines_over_the_pool_and_every_grant_is_on_the_home():
+    ex = LiveExecutor(4, CPU_SLOT)
+    for n, slots in (("a", 2), ("b", 2), ("c", 1), ("d", 3)):
+        ex.join(_spec(n), slots, 0.0)
+    assert [ex.home(n) for n in "abcd"] == [(0, 1), (2, 3), (0,), (1, 2, 3)]
+    homes = {n: ex.home(n) for n in "abcd"}
+    assert sorted(_run(ex, list("abcd"))) == list("abcd")
+    assert all(s.gpus == homes[s.pipeline] for s in ex.slices)
+    _check_leases(ex)
+
+
+class _MigrateForTheWaiting:
+    """A test policy (the unit under test is the executor's handling of ``Migrate``, not a policy's judgement):
+    when every replica of a rollout holds exactly one live request and another pipeline waits, merge the replicas on
+    the waiting pipelines' homes onto the others; start every ready stage on the free slots."""
+
+    name = config = "test-migrate-for-the-waiting"
+
+    def __init__(self, homes):
+        self.homes = homes
+
+    def schedule(self, snap):
+        actions = []
+        waiting = {r.pipeline for r in snap.ready}
+        by_pipe = {}
+        for rep in snap.replicas:
+            by_pipe.setdefault(rep.pipeline, []).append(rep)
+        for pipeline, reps in by_pipe.items():
+            wanted = {g for p in waiting - {pipeline} for g in self.homes[p]}
+            if len(reps) > 1 and all(r.live == 1 and r.queued == 0 for r in reps):
+                src = tuple(r.replica for r in reps if set(r.gpus) & wanted)
+                dst = tuple(r.replica for r in reps if not set(r.gpus) & wanted)
+                if src and dst:
+                    actions.append(Migrate(pipeline, src, dst))
+        for r in snap.ready:
+            if snap.free_gpus:
+                actions.append(StartStage(r.pipeline, r.step, r.stage, tuple(sorted(snap.free_gpus))))
+        return SchedulerOutput(tuple(actions))
+
+
+def test_a_planned_migration_is_ordered_then_frees_the_sources_slots_for_the_waiting_stage():
+    homes = {"a": (0, 1), "b": (0,)}
+    POLICIES.register("test-migrate-for-the-waiting")(lambda workload: [_MigrateForTheWaiting(homes)])
+    try:
+        ex = LiveExecutor(2, CPU_SLOT, policy="test-migrate-for-the-waiting")
+        ex.join(_spec("a"), 2, 0.0)
+        ex.join(_spec("b"), 1, 0.0)
+        assert (ex.home("a"), ex.home("b")) == (homes["a"], homes["b"])
+        assert [g.gpus for g in ex.request("a", 0, "rollout", 0.0)] == [(0, 1)]
+        assert ex.request("b", 0, "rollout", 0.5) == []  # its home (slot 0) is a's
+        busy = [ReplicaReport(0, 3, 0, 300, 200), ReplicaReport(1, 2, 0, 250, 150)]
+        assert ex.report_replicas("a", 0, busy, 1.0) == ([], [])  # not in the tail: no order
+        tail = [ReplicaReport(0, 1, 0, 120, 90), ReplicaReport(1, 1, 0, 100, 70)]
+        grants, orders = ex.report_replicas("a", 0, tail, 2.0)
+        assert grants == [] and orders == [MigrationOrder("a", 0, sources=(0,), targets=(1,))]
+        # ordered once; the source stays leased until the pipeline says the move is done
+        assert ex.report_replicas("a", 0, tail[1:], 2.5) == ([], [])
+        assert ex.free_slots() == []
+        grants = ex.migrated("a", 0, (0,), 3.0)
+        assert [(g.pipeline, g.stage, g.gpus) for g in grants] == [("b", "rollout", (0,))]
+        assert ex.pipes["a"].running[(0, "rollout")].gpus == (1,)
+        # a's rollout finishes on its remaining replica; its history keeps the granted width and the live curve
+        ex.finish("a", 0, "rollout", 6.0, finish_offsets_s=(5.0, 1.0, 2.0))
+        timing = [h for h in ex.history if h.pipeline == "a"][0]
+        assert (timing.gpus, timing.finish_offsets_s, timing.start_s, timing.end_s) == (2, (1.0, 2.0, 5.0), 0.0, 6.0)
+        freed = [s for s in ex.slices if s.pipeline == "a" and s.gpus == (0,)]
+        assert [(s.start_s, s.end_s) for s in freed] == [(0.0, 3.0)]
+        _check_leases(ex)
+        assert not ex.policy_errors
+    finally:
+        POLICIES._items.pop("test-migrate-for-the-waiting", None)

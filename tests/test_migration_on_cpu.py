@@ -294,3 +294,65 @@ def test_agent_loop_batch_unchanged_by_a_migration(ray_session, prompts, tmp_pat
     assert sorted(moved.non_tensor_batch) == sorted(plain.non_tensor_batch)
     assert list(moved.non_tensor_batch["uid"]) == [f"uid-{i}" for i in range(32)]
     assert list(moved.non_tensor_batch["index"]) == list(range(32))
+
+
+def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, prompts):
+    """The live scheduler's side of a migration, on real servers: pipeline ``a`` rolls out on two replicas (slots 0
+    and 1 of a 2-slot pool) while ``b``, whose home is slot 0, waits. The tail monitor reports a's replicas to the
+    group each poll; once both are down to one long request, the group's policy orders replica 0's requests onto
+    replica 1; the monitor runs it through the migrator and confirms it, and the executor grants b's stage on the
+    freed slot while a's rollout is still running. (The group here is the executor in-process, behind the two calls
+    the scheduler actor answers; its policy is a test policy that always migrates for a waiting pipeline: what is
+    tested is the path of the order, not a policy's judgement.)"""
+    from dataclasses import asdict
+
+    from test_live_executor_on_cpu import _MigrateForTheWaiting, _spec
+
+    from jigsaw_verl.mux.executor import LiveExecutor, ReplicaReport
+    from jigsaw_verl.mux.pipeline_spec import CPU_SLOT
+    from jigsaw_verl.rollout.tail_monitor import TailMonitor
+    from jigsaw_verl.sim.policies import POLICIES
+
+    homes = {"a": (0, 1), "b": (0,)}
+    POLICIES.register("test-migrate-for-the-waiting-live")(lambda workload: [_MigrateForTheWaiting(homes)])
+    ex = LiveExecutor(2, CPU_SLOT, policy="test-migrate-for-the-waiting-live")
+    ex.join(_spec("a"), 2, 0.0)
+    ex.join(_spec("b"), 1, 0.0)
+    ex.request("a", 0, "rollout", 0.0)
+    assert ex.request("b", 0, "rollout", 0.0) == []
+    granted = []
+
+    class Group:
+        """The scheduler actor's ``report_replicas`` / ``migrated``, in-process."""
+
+        async def report_replicas(self, replicas):
+            grants, orders = ex.report_replicas("a", 0, [ReplicaReport(**r) for r in replicas], 1.0)
+            granted.extend(grants)
+            return [asdict(o) for o in orders]
+
+        async def migrated(self, sources):
+            granted.extend(ex.migrated("a", 0, tuple(sources), 2.0))
+
+    async def go():
+        servers, lb, client, migrator = _rollout(ray_session, 2)
+        # two long requests (one lands on each replica), fourteen short ones: a tail of one request per replica
+        lengths = [RESPONSE if i < 2 else 2 for i in range(16)]
+        jobs = [
+            client.generate(f"req-{i}", prompt_ids=p, sampling_params={**GREEDY, "max_tokens": n})
+            for i, (p, n) in enumerate(zip(prompts, lengths))
+        ]
+        monitor = TailMonitor(migrator, None, group=Group(), addresses=["r0", "r1"], poll_s=0.02)
+        monitor.start()
+        outputs = await asyncio.gather(*jobs)
+        monitor.stop()
+        return outputs, migrator.reports, await lb.get_all_servers.remote()
+
+    try:
+        outputs, reports, routable = asyncio.run(go())
+    finally:
+        POLICIES._items.pop("test-migrate-for-the-waiting-live", None)
+    assert [len(o.token_ids) for o in outputs] == [RESPONSE, RESPONSE] + [2] * 14  # every request whole
+    assert [(r.sources, r.targets) for r in reports] == [(("r0",), ("r1",))]
+    assert reports[0].migrated_requests == 1 and routable == ["r1"]
+    assert [(g.pipeline, g.stage, g.gpus) for g in granted] == [("b", "rollout", (0,))]
+    assert ex.pipes["a"].running[(0, "rollout")].gpus == (1,)

@@ -10,12 +10,23 @@ the one the simulator runs (``jigsaw_verl.sim.policies.POLICIES``), built over a
 it learns the real stage times from the snapshot's ``history``.
 
 What differs from the simulator, and why:
-- A verl pipeline's worker groups are placed when it starts; a grant tells it *when* a stage may run and
-  accounts the pool slots the policy chose for it (``gpus``, ``sm_share``), while the stage runs on the
-  pipeline's own workers. The lease is what keeps two pipelines' stages from running on the same slots.
-- Rollout replicas are not exposed as :class:`~jigsaw_verl.core.scheduling.ReplicaView` (live tail migration is
-  done inside each pipeline by its :class:`~jigsaw_verl.rollout.tail_monitor.TailMonitor`), so the policy plans
-  no ``Migrate`` and no co-location onto rollout tails here; it orders, defers and co-locates training stages.
+- A verl pipeline's worker groups are placed once, when it starts: rank ``r`` in the pool's slot
+  ``home[r]`` (its *home*, a contiguous run of slots the executor picks at join, spreading pipelines over the
+  pool). Every stage of it runs there, so the policy decides *when* a stage runs and whether it shares its slots
+  (``sm_share``); a grant is always on the pipeline's home. A planned start elsewhere is granted on the home when
+  the home can take it, and waits otherwise. The leases are thus where the work really is, and what keeps two
+  pipelines' stages from running on the same slots at full share.
+- A running rollout's replicas are what its pipeline reports (``report_replicas``: live, queued and context per
+  replica rank, from its load balancer). They become the snapshot's
+  :class:`~jigsaw_verl.core.scheduling.ReplicaView` s and the rollout leases' replica ids, so the policy sees
+  tails as the simulator does: it may co-locate onto them and plan a
+  :class:`~jigsaw_verl.core.scheduling.Migrate`. A ``Migrate`` becomes a :class:`MigrationOrder` the pipeline
+  takes with its next report and runs through its migrator; the source slots stay leased until the pipeline
+  says the migration is done (``migrated``), then the rollout's lease shrinks to the targets and the freed slots
+  go to whoever the policy picks. Replicas are mapped to slots by rank (``rollout_tp`` slots each, in the grant's
+  order) only when the grant is as wide as the pipeline's replicas; otherwise the policy sees no replicas.
+- A finished rollout reports when each response finished (``finish_offsets_s``, from the load balancer's
+  releases); that live-batch curve goes into the stage's history for the predictor.
 - verl publishes weights after the last step too; that sync is granted without asking the policy, whose graph
   has no sync after the last step.
 - If nothing runs and the policy still defers every requested stage, no event would ever wake it: the oldest
@@ -28,22 +39,26 @@ No Ray, verl or torch here: tests drive it directly, and :mod:`.scheduler` wraps
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.catalogue import GPUSpec
 from ..core.graph import ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
 from ..core.memory import usable_bytes
 from ..core.scheduling import (
     Lease,
+    Migrate,
     PipelineView,
     ReadyStage,
+    ReplicaView,
     Snapshot,
     StageTiming,
-    StartStage,
 )
 from ..core.spec import ClusterSpec, PipelineSpec, WorkloadSpec
 
 logger = logging.getLogger(__name__)
+
+# a replica's id in the snapshot: pipeline index * stride + replica rank (unique within the group)
+REPLICA_ID_STRIDE = 10_000
 
 
 class PoolTooSmall(ValueError):
@@ -87,6 +102,36 @@ class LiveSlice:
     forced: bool
 
 
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One rollout replica as its pipeline reports it.
+
+    Attributes:
+        rank: the replica's rank in the pipeline's rollout (its position in verl's server list).
+        live: requests generating there.
+        queued: requests waiting for admission there.
+        context_tokens: prompt + generated tokens of its live requests.
+        generated_tokens: tokens its live requests generated so far.
+    """
+
+    rank: int
+    live: int
+    queued: int = 0
+    context_tokens: int = 0
+    generated_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class MigrationOrder:
+    """The policy's :class:`~jigsaw_verl.core.scheduling.Migrate` in a pipeline's replica ranks: move every
+    request off ``sources`` onto ``targets`` (then report :meth:`LiveExecutor.migrated`)."""
+
+    pipeline: str
+    step: int
+    sources: tuple[int, ...]
+    targets: tuple[int, ...]
+
+
 @dataclass
 class _Pipe:
     spec: PipelineSpec
@@ -100,6 +145,13 @@ class _Pipe:
     version: int = 0
     steps_done: int = 0
     train_gpus: tuple[int, ...] = ()
+    home: tuple[int, ...] = ()
+    # the running rollout's replicas, by rank, as last reported; ranks ordered away / already migrated away
+    replicas: dict[int, ReplicaReport] = field(default_factory=dict)
+    migrating: set[int] = field(default_factory=set)
+    gone: set[int] = field(default_factory=set)
+    orders: list[MigrationOrder] = field(default_factory=list)
+    rollout_width: int = 0  # the running rollout's width when granted, once a migration shrank its lease
 
 
 class LiveExecutor:
@@ -137,9 +189,23 @@ class LiveExecutor:
             raise ValueError(f"pipeline {spec.name!r} already joined this group")
         if slots > self.num_slots:
             raise PoolTooSmall(f"pipeline {spec.name!r} needs {slots} slots but the group's pool has {self.num_slots}")
-        self.pipes[spec.name] = _Pipe(spec=spec, index=self._next_index, slots=slots, arrival_s=now)
+        home = self._pick_home(slots)
+        self.pipes[spec.name] = _Pipe(spec=spec, index=self._next_index, slots=slots, arrival_s=now, home=home)
         self._next_index += 1
         self._policy = None
+
+    def home(self, pipeline: str) -> tuple[int, ...]:
+        """The slots a pipeline's workers are placed on (rank ``r`` on ``home[r]``)."""
+        return self._pipe(pipeline).home
+
+    def _pick_home(self, slots: int) -> tuple[int, ...]:
+        """The contiguous run of ``slots`` slots the fewest joined pipelines live on (the lowest such run)."""
+        load = [0] * self.num_slots
+        for ps in self.pipes.values():
+            for g in ps.home:
+                load[g] += 1
+        start = min(range(self.num_slots - slots + 1), key=lambda s: (sum(load[s : s + slots]), s))
+        return tuple(range(start, start + slots))
 
     def leave(self, pipeline: str, now: float, reason: str = "finished") -> list[Grant]:
         """Remove a pipeline (finished, or crashed: its leases are reclaimed); returns new grants for others."""
@@ -164,21 +230,93 @@ class LiveExecutor:
         ps.requested, ps.requested_s = (step, stage), now
         return self.decide(now)
 
-    def finish(self, pipeline: str, step: int, stage: str, now: float) -> list[Grant]:
-        """``pipeline`` finished ``stage`` of ``step``; returns the grants this decision made."""
+    def finish(
+        self, pipeline: str, step: int, stage: str, now: float, finish_offsets_s: tuple[float, ...] = ()
+    ) -> list[Grant]:
+        """``pipeline`` finished ``stage`` of ``step`` (a rollout: with when each response finished, seconds after
+        its grant); returns the grants this decision made."""
         ps = self._pipe(pipeline)
         if (step, stage) not in ps.running:
             raise ValueError(f"{pipeline} finished {stage} of step {step}, which was not granted")
-        self._end(ps, (step, stage), now, record=True)
+        self._end(ps, (step, stage), now, record=True, finish_offsets_s=tuple(sorted(finish_offsets_s)))
         return self.decide(now)
+
+    # ---- rollout replicas and migrations ---------------------------------------------------------------------
+    def report_replicas(
+        self, pipeline: str, step: int, replicas: list[ReplicaReport], now: float
+    ) -> tuple[list[Grant], list[MigrationOrder]]:
+        """The running rollout's replicas now; returns new grants and the pipeline's pending migration orders
+        (each handed out once). Reports for a rollout that is not running are ignored."""
+        ps = self._pipe(pipeline)
+        if (step, ROLLOUT) not in ps.running:
+            return [], []
+        ps.replicas = {r.rank: r for r in replicas if r.rank not in ps.gone}
+        grants = self.decide(now) if any(p.requested is not None for p in self.pipes.values()) else []
+        orders, ps.orders = ps.orders, []
+        return grants, orders
+
+    def migrated(self, pipeline: str, step: int, sources: tuple[int, ...], now: float) -> list[Grant]:
+        """The pipeline moved every request off replica ranks ``sources`` (an order, or its own tail policy):
+        the rollout's lease shrinks to the slots of its other replicas and the freed slots go back to the pool."""
+        ps = self._pipe(pipeline)
+        key = (step, ROLLOUT)
+        if key not in ps.running:
+            return []
+        grant = ps.running[key]
+        slots = self._replica_slots(ps, grant)
+        freed = tuple(sorted(g for r in sources for g in slots.get(r, ())))
+        ps.migrating -= set(sources)
+        ps.gone |= set(sources)
+        for r in sources:
+            ps.replicas.pop(r, None)
+        if not freed or len(freed) >= len(grant.gpus):
+            return []
+        for g in freed:
+            self.leases[g] = [e for e in self.leases[g] if e[:3] != (pipeline, step, ROLLOUT)]
+        self.slices.append(LiveSlice(pipeline, step, ROLLOUT, freed, grant.sm_share, grant.start_s, now, grant.forced))
+        ps.rollout_width = ps.rollout_width or len(grant.gpus)
+        ps.running[key] = replace(grant, gpus=tuple(g for g in grant.gpus if g not in freed))
+        return self.decide(now)
+
+    def _replica_slots(self, ps: _Pipe, grant: Grant) -> dict[int, tuple[int, ...]]:
+        """Replica rank -> the slots it runs on: ``rollout_tp`` home slots each, in rank order (verl puts rollout
+        replica ``r`` on workers ``r * tp`` to ``(r + 1) * tp - 1``); only the ranks still in the lease."""
+        tp = max(1, ps.spec.rollout_tp)
+        if ps.slots % tp:
+            return {}
+        held = set(grant.gpus)
+        slots = {r: tuple(ps.home[r * tp : (r + 1) * tp]) for r in range(ps.slots // tp)}
+        return {r: gs for r, gs in slots.items() if set(gs) <= held}
+
+    def _order(self, action: Migrate) -> None:
+        """Turn the policy's ``Migrate`` into an order for its pipeline (once per replica)."""
+        ps = self.pipes.get(action.pipeline)
+        running = [k for k in (ps.running if ps else {}) if k[1] == ROLLOUT]
+        if not running:
+            return
+        base = ps.index * REPLICA_ID_STRIDE
+        ranks = {r - base for r in (*action.sources, *action.targets)}
+        if not ranks <= set(ps.replicas) or ranks & ps.migrating:
+            return  # stale: planned on replicas that changed since
+        sources = tuple(r - base for r in action.sources)
+        targets = tuple(r - base for r in action.targets)
+        ps.migrating |= set(sources)
+        ps.orders.append(MigrationOrder(action.pipeline, running[0][0], sources, targets))
 
     def _pipe(self, pipeline: str) -> _Pipe:
         if pipeline not in self.pipes:
             raise KeyError(f"pipeline {pipeline!r} has not joined this group (joined: {sorted(self.pipes)})")
         return self.pipes[pipeline]
 
-    def _end(self, ps: _Pipe, key: tuple[int, str], now: float, *, record: bool) -> None:
+    def _end(
+        self, ps: _Pipe, key: tuple[int, str], now: float, *, record: bool, finish_offsets_s: tuple[float, ...] = ()
+    ) -> None:
         grant = ps.running.pop(key)
+        width = len(grant.gpus)
+        if key[1] == ROLLOUT:
+            width = ps.rollout_width or width
+            ps.replicas, ps.migrating, ps.gone, ps.orders = {}, set(), set(), []
+            ps.rollout_width = 0
         start = grant.start_s
         for g in grant.gpus:
             self.leases[g] = [entry for entry in self.leases[g] if entry[:3] != (ps.spec.name, key[0], key[1])]
@@ -190,7 +328,15 @@ class LiveExecutor:
         ps.done.add(key)
         step, stage = key
         self.history.append(
-            StageTiming(pipeline=ps.spec.name, step=step, stage=stage, start_s=start, end_s=now, gpus=len(grant.gpus))
+            StageTiming(
+                pipeline=ps.spec.name,
+                step=step,
+                stage=stage,
+                start_s=start,
+                end_s=now,
+                gpus=width,
+                finish_offsets_s=finish_offsets_s if stage == ROLLOUT else (),
+            )
         )
         if stage == UPDATE:
             ps.steps_done = max(ps.steps_done, step + 1)
@@ -241,8 +387,12 @@ class LiveExecutor:
                     train_gpus=ps.train_gpus,
                 )
             )
+        replicas, replica_of = self._replica_views()
         leases = tuple(
-            tuple(Lease(pipeline=p, stage=st, sm_share=share) for p, _, st, share in self.leases[g])
+            tuple(
+                Lease(pipeline=p, stage=st, sm_share=share, replica=replica_of.get(g) if st == ROLLOUT else None)
+                for p, _, st, share in self.leases[g]
+            )
             for g in range(self.num_slots)
         )
         room = usable_bytes(self.gpu)
@@ -255,8 +405,37 @@ class LiveExecutor:
             last_pipeline=tuple(self.last),
             leases=leases,
             free_bytes=tuple(room for _ in range(self.num_slots)),
+            replicas=replicas,
             history=tuple(self.history),
         )
+
+    def _replica_views(self) -> tuple[tuple[ReplicaView, ...], dict[int, int]]:
+        """The running rollouts' reported replicas (not those ordered or migrated away), and slot -> replica id."""
+        views, replica_of = [], {}
+        for ps in sorted(self.pipes.values(), key=lambda p: p.index):
+            for (step, stage), grant in ps.running.items():
+                if stage != ROLLOUT or not ps.replicas:
+                    continue
+                slots = self._replica_slots(ps, grant)
+                for rank, rep in sorted(ps.replicas.items()):
+                    if rank in ps.migrating or rank not in slots:
+                        continue
+                    rid = ps.index * REPLICA_ID_STRIDE + rank
+                    replica_of.update((g, rid) for g in slots[rank])
+                    views.append(
+                        ReplicaView(
+                            replica=rid,
+                            pipeline=ps.spec.name,
+                            step=step,
+                            gpus=slots[rank],
+                            live=rep.live,
+                            queued=rep.queued,
+                            context_tokens=rep.context_tokens,
+                            generated_tokens=rep.generated_tokens,
+                            started_s=grant.start_s,
+                        )
+                    )
+        return tuple(views), replica_of
 
     def _bypass(self, ps: _Pipe, step: int, stage: str) -> bool:
         # verl syncs weights after the last step too; the core graph does not (nothing rolls out after it)
@@ -268,10 +447,8 @@ class LiveExecutor:
         for ps in list(self.pipes.values()):
             if ps.requested is not None and self._bypass(ps, *ps.requested):
                 free = self.free_slots()
-                want = len(ps.train_gpus or range(ps.slots))
-                gpus = ps.train_gpus if set(ps.train_gpus) <= set(free) and ps.train_gpus else tuple(free[:want])
-                if len(gpus) == want:  # else it waits for slots to free up, like any other stage
-                    grants.append(self._grant(ps, gpus, 1.0, now, forced=True))
+                if set(ps.home) <= set(free):  # else it waits for its home to free up, like any other stage
+                    grants.append(self._grant(ps, ps.home, 1.0, now, forced=True))
         if any(ps.requested is not None for ps in self.pipes.values()):
             try:
                 actions = self.policy().schedule(self.snapshot(now)).actions
@@ -280,24 +457,30 @@ class LiveExecutor:
                 self.policy_errors.append(f"{type(err).__name__}: {err}")
                 actions = ()
             for action in actions:
-                if not isinstance(action, StartStage):
-                    continue  # Migrate: live tails are consolidated inside each pipeline (see module docstring)
-                ps = self.pipes.get(action.pipeline)
-                if ps is None or ps.requested != (action.step, action.stage) or not self._fits(action):
+                if isinstance(action, Migrate):
+                    self._order(action)  # the source slots free up when the pipeline reports it done
                     continue
-                grants.append(self._grant(ps, tuple(sorted(action.gpus)), action.sm_share, now, forced=False))
+                ps = self.pipes.get(action.pipeline)
+                if ps is None or ps.requested != (action.step, action.stage):
+                    continue
+                # the stage runs where the pipeline's workers are, at the share the policy gave it
+                if not self._fits(ps.home, action.sm_share):
+                    continue
+                alone = all(not self.leases[g] for g in ps.home)
+                grants.append(self._grant(ps, ps.home, 1.0 if alone else action.sm_share, now, forced=False))
         if not grants and not any(ps.running for ps in self.pipes.values()):
             waiting = sorted((ps for ps in self.pipes.values() if ps.requested), key=lambda p: p.requested_s)
             for ps in waiting[:1]:
-                grants.append(self._grant(ps, tuple(range(ps.slots)), 1.0, now, forced=True))
+                if set(ps.home) <= set(self.free_slots()):
+                    grants.append(self._grant(ps, ps.home, 1.0, now, forced=True))
         return grants
 
-    def _fits(self, action: StartStage) -> bool:
-        for g in action.gpus:
+    def _fits(self, gpus: tuple[int, ...], sm_share: float) -> bool:
+        for g in gpus:
             held = self.leases[g] if 0 <= g < self.num_slots else None
             if held is None:
                 return False
-            if held and (action.sm_share >= 1.0 or len(held) > 1 or held[0][3] + action.sm_share > 1.0 + 1e-9):
+            if held and (sm_share >= 1.0 or len(held) > 1 or held[0][3] + sm_share > 1.0 + 1e-9):
                 return False
         return True
 

@@ -6,8 +6,11 @@ The launcher starts a local Ray cluster (the group's pool: every pipeline's driv
 given with its own overrides: ``"recipes/cpu_tiny_grpo.sh actor_rollout_ref.rollout.seed=11"``). While they run it
 prints a progress bar per pipeline (steps done, the stage it holds or waits for); at the end it writes a combined
 Perfetto trace and a utilisation plot of the leases (``mux.trace.json``, ``mux.png``, the raw leases in
-``leases.json``), beside each pipeline's log and metrics (``<pipeline>.log``, ``<pipeline>.metrics.jsonl``). A
-pipeline that fails does not stop the others; the launcher's exit code is the first non-zero one.
+``leases.json``) and where every pipeline's workers were placed (``pool.json``: all in the pool's one placement
+group, which the scheduler owns) and the stage times its predictor learned from (``stage_times.json``), beside each
+pipeline's log and metrics (``<pipeline>.log``,
+``<pipeline>.metrics.jsonl``). A pipeline that fails does not stop the others; the launcher's exit code is the
+first non-zero one.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ def launch(
     ray.init(num_cpus=CPUS_PER_PIPELINE * len(paths), include_dashboard=False, log_to_driver=False)
     try:
         address = ray.get_runtime_context().gcs_address
-        scheduler = get_scheduler(group, pool_slots, slot, policy)
+        # the pool holds every recipe's workers at once (each takes 1/(3 x len(recipes)) of a slot)
+        scheduler = get_scheduler(group, pool_slots, slot, policy, max_pipelines=len(paths))
         runs: list[_Run] = []
         for i, recipe in enumerate(paths):
             name = f"p{i}-{recipe.stem}"
@@ -103,6 +107,7 @@ def launch(
                 f"jigsaw.mux.pipeline={name}",
                 f"jigsaw.mux.pool_slots={pool_slots}",
                 f"jigsaw.mux.policy={policy}",
+                f"jigsaw.mux.max_pipelines={len(paths)}",
                 f"trainer.experiment_name={name}",
                 *parsed[i][1:],
             ]
@@ -138,12 +143,16 @@ def launch(
                     shown[r.name] = line
                     progress(line)
         trace = ray.get(scheduler.trace.remote())
+        placement = ray.get(scheduler.placement.remote())
+        history = ray.get(scheduler.history.remote())
         ray.kill(scheduler)
     finally:
         ray.shutdown()
     wall = time.perf_counter() - started
     trace_path, plot_path = out_dir / "mux.trace.json", out_dir / "mux.png"
     (out_dir / "leases.json").write_text(json.dumps(trace, indent=1))
+    (out_dir / "pool.json").write_text(json.dumps(placement, indent=1))
+    (out_dir / "stage_times.json").write_text(json.dumps(history, indent=1))
     write_live_trace(trace, trace_path, pool_slots)
     write_live_plot(trace, plot_path, pool_slots, title=f"group {group}: {len(runs)} pipelines, policy {policy}")
     rcs = {r.name: r.rc for r in runs}

@@ -15,6 +15,7 @@ import ray
 from ..core.graph import STAGES
 from .executor import PoolTooSmall
 from .pipeline_spec import mux_pipeline_name, mux_slots, pipeline_spec_from_verl, slot_spec
+from .pool_placement import PoolPlacement
 from .scheduler import Presence, get_scheduler
 
 
@@ -31,7 +32,9 @@ class StageLeases:
         slots = mux_slots(config)
         gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.get("gpu"))
         pool = int(mux.get("pool_slots") or slots)
-        self.scheduler = get_scheduler(str(mux.group), pool, gpu, str(mux.get("policy", "jigsaw")))
+        self.scheduler = get_scheduler(
+            str(mux.group), pool, gpu, str(mux.get("policy", "jigsaw")), int(mux.get("max_pipelines") or 4)
+        )
         spec = pipeline_spec_from_verl(self.pipeline, config)
         self.presence = ray.remote(Presence).options(num_cpus=0).remote()
         try:
@@ -41,7 +44,25 @@ class StageLeases:
                 raise PoolTooSmall(f"jigsaw.mux.slots: {err.cause}") from None
             raise
         self.current: tuple[int, str] | None = None
+        self.granted_at = 0.0  # wall time of the held stage's grant
         self.wait_s: dict[str, float] = {}
+        self.residency = None  # a LeaseResidency once the pipeline's workers exist
+
+    def pool(self, device_resource: str) -> PoolPlacement:
+        """The group's pool placement group (made by the scheduler at the first call) and this pipeline's home."""
+        return ray.get(self.scheduler.pool.remote(device_resource, self.pipeline))
+
+    def report_placement(self, workers: list) -> list[dict]:
+        """Ask each worker actor which placement group and bundle it runs in; tell the scheduler; return it."""
+
+        def where(worker_self):
+            context = ray.get_runtime_context()
+            pg = context.get_placement_group_id()
+            return {"placement_group_id": pg, "node_id": context.get_node_id()}
+
+        answers = ray.get([w.__ray_call__.remote(where) for w in workers])
+        ray.get(self.scheduler.placed.remote(self.pipeline, answers))
+        return answers
 
     def begin(self, step: int, stage: str) -> dict:
         """Block until ``stage`` of ``step`` is granted (ending the stage held before, if any)."""
@@ -52,13 +73,30 @@ class StageLeases:
         grant = ray.get(self.scheduler.acquire.remote(self.pipeline, step, stage))
         self.wait_s[stage] = self.wait_s.get(stage, 0.0) + time.perf_counter() - started
         self.current = (step, stage)
+        self.granted_at = time.time()
+        if self.residency is not None:
+            self.residency.onload(stage)
         return grant
 
-    def end(self) -> None:
-        """End the stage held now, if any."""
+    def end(self, finish_times: list[float] | None = None) -> None:
+        """End the stage held now, if any (a rollout: with the wall times its responses finished at)."""
         if self.current is not None:
-            ray.get(self.scheduler.release.remote(self.pipeline, *self.current))
+            if self.residency is not None:
+                self.residency.offload(self.current[1])
+            offsets = tuple(max(0.0, t - self.granted_at) for t in finish_times or ())
+            ray.get(self.scheduler.release.remote(self.pipeline, *self.current, offsets))
             self.current = None
+
+    async def report_replicas(self, replicas: list[dict]) -> list[dict]:
+        """The held rollout's replicas now (``ReplicaReport`` fields); returns the group's migration orders."""
+        if self.current is None:
+            return []
+        return await self.scheduler.report_replicas.remote(self.pipeline, self.current[0], replicas)
+
+    async def migrated(self, sources: list[int]) -> None:
+        """Replica ranks ``sources`` of the held rollout hold no requests any more: their slots can go."""
+        if self.current is not None:
+            await self.scheduler.migrated.remote(self.pipeline, self.current[0], list(sources))
 
     def leave(self) -> None:
         """End the held stage and leave the group."""
@@ -66,7 +104,9 @@ class StageLeases:
         ray.get(self.scheduler.leave.remote(self.pipeline))
 
     def take_metrics(self) -> dict[str, float]:
-        """``jigsaw/lease_wait_s/<stage>`` since the last call."""
+        """``jigsaw/lease_wait_s/<stage>`` (and the residency's moves) since the last call."""
         out = {f"jigsaw/lease_wait_s/{stage}": s for stage, s in self.wait_s.items()}
         self.wait_s = {}
+        if self.residency is not None:
+            out.update(self.residency.take_metrics())
         return out

@@ -12,12 +12,17 @@ sessions, least in-flight; hash routing under full determinism). On top of it th
   wherever least in-flight routing would send it.
 - **re-prefill accounting**: the context (prompt + tokens so far) of every redirected acquire, which is what the
   target re-prefills; the client reports it as a number, so no token list crosses the RPC.
+- **the live batch**: the context each live request had at its last acquire (summed per server, what a replica
+  holds in KV) and when each request last released its server (its finish time: the rollout's live-batch curve
+  for the scheduler's predictor).
 
 Select it through verl's ``actor_rollout_ref.rollout.router_config_path`` (verl builds it as
 ``cls(servers, yaml_config)``) or pass it as ``load_balancer_cls``.
 """
 
 from __future__ import annotations
+
+import time
 
 import ray
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
@@ -39,6 +44,8 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
         self._redirect: dict[str, tuple[str, ...]] = {}
         self.redirected_requests = 0
         self.redirected_context_tokens = 0
+        self._context: dict[str, int] = {}  # request id -> context tokens at its last acquire
+        self._released_at: dict[str, float] = {}  # request id -> wall time of its last release
 
     # ---- routing ---------------------------------------------------------------------------------------------
     def require_acquire_fields(self) -> list[str]:
@@ -62,6 +69,7 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
         else:
             server_id, handle = super().acquire_server(request_id)
         self._live.setdefault(server_id, []).append((request_id, server_request_id))
+        self._context[request_id] = int(context_tokens or 0)
         return server_id, handle
 
     def release_server(self, server_id: str, request_id: str | None = None) -> None:
@@ -71,6 +79,9 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
             if rid == request_id:
                 del live[i]
                 break
+        if request_id is not None:
+            self._released_at[request_id] = time.time()
+            self._context.pop(request_id, None)
 
     def clear_sticky_cache(self) -> dict:
         self._redirect.clear()
@@ -139,6 +150,17 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
 
     def parked_servers(self) -> list[str]:
         return list(self._parked)
+
+    def live_context_tokens(self) -> dict[str, int]:
+        """Server id -> context tokens (at their last acquire) of the requests live there."""
+        return {sid: sum(self._context.get(rid, 0) for rid, _ in live) for sid, live in self._live.items()}
+
+    def take_finish_times(self) -> list[float]:
+        """Wall times at which each request released its server last, since the previous call (a request that
+        migrated counts once, at its final release); clears them."""
+        out = sorted(self._released_at.values())
+        self._released_at = {}
+        return out
 
     def migration_counters(self) -> dict[str, int]:
         """Redirected (resumed) requests and the context tokens they re-prefilled, since the balancer started."""

@@ -139,11 +139,12 @@ class RolloutMigrator:
         await self.lb.unpark_servers.remote(list(replicas))
 
     async def telemetry(self) -> dict[str, dict]:
-        """Per replica: ``live_requests`` and ``routable`` from the balancer (any backend), plus whatever the
-        server's own ``telemetry()`` reports where it has one (the CPU server: waiting requests, tokens
-        generated, tokens/s)."""
+        """Per replica: ``live_requests``, ``context_tokens`` and ``routable`` from the balancer (any backend), plus
+        whatever the server's own ``telemetry()`` reports where it has one (the CPU server: waiting requests,
+        tokens generated, tokens/s)."""
         routable = set(await self.lb.get_all_servers.remote())
         live = await self.lb.live_requests.remote()
+        context = await self.lb.live_context_tokens.remote()
 
         async def server_stats(handle) -> dict:
             try:
@@ -154,6 +155,12 @@ class RolloutMigrator:
 
         stats = await asyncio.gather(*[server_stats(h) for h in self.servers.values()])
         return {
-            sid: {"waiting_requests": 0, **st, "live_requests": len(live.get(sid, [])), "routable": sid in routable}
+            sid: {
+                "waiting_requests": 0,
+                **st,
+                "live_requests": len(live.get(sid, [])),
+                "context_tokens": context.get(sid, 0),
+                "routable": sid in routable,
+            }
             for sid, st in zip(self.servers, stats)
         }
