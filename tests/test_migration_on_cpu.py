@@ -47,14 +47,14 @@ def _recording_client_cls():
     return RecordingClient
 
 
-def _rollout(ray, n_servers: int, model=None, config=None):
+def _rollout(ray, n_servers: int, model=None, config=None, response_length: int = RESPONSE):
     from jigsaw_verl.cpu.rollout.server import CPURolloutServer
     from jigsaw_verl.rollout.load_balancer import MigratingLoadBalancer
     from jigsaw_verl.rollout.migrator import RolloutMigrator
 
     model = model or build_tiny_assets().model
-    cfg = SimpleNamespace(max_num_seqs=64, prompt_length=64, response_length=RESPONSE, max_model_len=None, seed=0,
-                          full_determinism=False)  # fmt: skip
+    cfg = SimpleNamespace(max_num_seqs=64, prompt_length=64, response_length=response_length, max_model_len=None,
+                          seed=0, full_determinism=False)  # fmt: skip
     servers = {
         f"r{i}": ray.remote(CPURolloutServer)
         .options(max_concurrency=1000, num_cpus=0)
@@ -313,6 +313,7 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
     from jigsaw_verl.rollout.tail_monitor import TailMonitor
     from jigsaw_verl.sim.policies import POLICIES
 
+    LONG = 480
     homes = {"a": (0, 1), "b": (0,)}
     POLICIES.register("test-migrate-for-the-waiting-live")(lambda workload: [_MigrateForTheWaiting(homes)])
     ex = LiveExecutor(2, CPU_SLOT, policy="test-migrate-for-the-waiting-live")
@@ -320,12 +321,13 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
     ex.join(_spec("b"), 1, 0.0)
     ex.request("a", 0, "rollout", 0.0)
     assert ex.request("b", 0, "rollout", 0.0) == []
-    granted = []
+    granted, seen_context = [], []
 
     class Group:
         """The scheduler actor's ``report_replicas`` / ``migrated``, in-process."""
 
         async def report_replicas(self, replicas):
+            seen_context.extend(r["context_tokens"] for r in replicas if r["live"])
             grants, orders = ex.report_replicas("a", 0, [ReplicaReport(**r) for r in replicas], 1.0)
             granted.extend(grants)
             return [asdict(o) for o in orders]
@@ -334,25 +336,33 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
             granted.extend(ex.migrated("a", 0, tuple(sources), 2.0))
 
     async def go():
-        servers, lb, client, migrator = _rollout(ray_session, 2)
-        # two long requests (one lands on each replica), fourteen short ones: a tail of one request per replica
-        lengths = [RESPONSE if i < 2 else 2 for i in range(16)]
-        jobs = [
-            client.generate(f"req-{i}", prompt_ids=p, sampling_params={**GREEDY, "max_tokens": n})
-            for i, (p, n) in enumerate(zip(prompts, lengths))
-        ]
+        servers, lb, client, migrator = _rollout(ray_session, 2, response_length=LONG)
+        # two long requests, one on each replica (the second sent once the first is live: least in-flight routing
+        # sends it to the other), then fourteen short ones: a tail of one request per replica, long enough for the
+        # monitor's polls to see it
+        lengths = [LONG if i < 2 else 2 for i in range(16)]
+        jobs = []
+        for i, (p, n) in enumerate(zip(prompts, lengths)):
+            params = {**GREEDY, "max_tokens": n}
+            jobs.append(asyncio.create_task(client.generate(f"req-{i}", prompt_ids=p, sampling_params=params)))
+            while i < 2 and sum(map(len, (await lb.live_requests.remote()).values())) <= i:
+                await asyncio.sleep(0.005)
         monitor = TailMonitor(migrator, None, group=Group(), addresses=["r0", "r1"], poll_s=0.02)
         monitor.start()
         outputs = await asyncio.gather(*jobs)
         monitor.stop()
-        return outputs, migrator.reports, await lb.get_all_servers.remote()
+        finishes = await lb.take_finish_times.remote()
+        return outputs, migrator.reports, await lb.get_all_servers.remote(), finishes
 
     try:
-        outputs, reports, routable = asyncio.run(go())
+        outputs, reports, routable, finishes = asyncio.run(go())
     finally:
         POLICIES._items.pop("test-migrate-for-the-waiting-live", None)
-    assert [len(o.token_ids) for o in outputs] == [RESPONSE, RESPONSE] + [2] * 14  # every request whole
+    assert [len(o.token_ids) for o in outputs] == [LONG, LONG] + [2] * 14  # every request whole
     assert [(r.sources, r.targets) for r in reports] == [(("r0",), ("r1",))]
     assert reports[0].migrated_requests == 1 and routable == ["r1"]
+    # the balancer saw 16 requests finish: the migrated one once, its aborted attempt not at all
+    assert len(finishes) == 16 and finishes == sorted(finishes)
+    assert seen_context and all(c > 0 for c in seen_context)  # the live context each replica held, reported
     assert [(g.pipeline, g.stage, g.gpus) for g in granted] == [("b", "rollout", (0,))]
     assert ex.pipes["a"].running[(0, "rollout")].gpus == (1,)

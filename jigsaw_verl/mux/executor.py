@@ -133,6 +133,19 @@ class MigrationOrder:
 
 
 @dataclass
+class _Held:
+    """One lease's hold on one slot: its current share since ``since`` (a co-located newcomer shrinks it; the
+    newcomer's end gives it back)."""
+
+    pipeline: str
+    step: int
+    stage: str
+    share: float
+    since: float
+    forced: bool
+
+
+@dataclass
 class _Pipe:
     spec: PipelineSpec
     index: int
@@ -172,7 +185,7 @@ class LiveExecutor:
         POLICIES.get(policy)  # unknown names fail here, before any pipeline joins
         self.num_slots, self.gpu, self.policy_name, self.seed = num_slots, gpu, policy, seed
         self.pipes: dict[str, _Pipe] = {}
-        self.leases: list[list[tuple[str, int, str, float]]] = [[] for _ in range(num_slots)]
+        self.leases: list[list[_Held]] = [[] for _ in range(num_slots)]
         self.last: list[str | None] = [None] * num_slots
         self.history: list[StageTiming] = []
         self.slices: list[LiveSlice] = []
@@ -271,9 +284,7 @@ class LiveExecutor:
             ps.replicas.pop(r, None)
         if not freed or len(freed) >= len(grant.gpus):
             return []
-        for g in freed:
-            self.leases[g] = [e for e in self.leases[g] if e[:3] != (pipeline, step, ROLLOUT)]
-        self.slices.append(LiveSlice(pipeline, step, ROLLOUT, freed, grant.sm_share, grant.start_s, now, grant.forced))
+        self._release_slots(pipeline, key, freed, now)
         ps.rollout_width = ps.rollout_width or len(grant.gpus)
         ps.running[key] = replace(grant, gpus=tuple(g for g in grant.gpus if g not in freed))
         return self.decide(now)
@@ -318,11 +329,7 @@ class LiveExecutor:
             ps.replicas, ps.migrating, ps.gone, ps.orders = {}, set(), set(), []
             ps.rollout_width = 0
         start = grant.start_s
-        for g in grant.gpus:
-            self.leases[g] = [entry for entry in self.leases[g] if entry[:3] != (ps.spec.name, key[0], key[1])]
-        self.slices.append(
-            LiveSlice(ps.spec.name, key[0], key[1], grant.gpus, grant.sm_share, start, now, grant.forced)
-        )
+        self._release_slots(ps.spec.name, key, grant.gpus, now)
         if not record:
             return
         ps.done.add(key)
@@ -343,6 +350,44 @@ class LiveExecutor:
             ps.train_gpus = grant.gpus
         if stage == WEIGHT_SYNC:
             ps.version = max(ps.version, step + 1)
+
+    # ---- slot holds and the slices they leave ---------------------------------------------------------------
+    def _release_slots(self, pipeline: str, key: tuple[int, str], gpus, now: float) -> None:
+        """End ``pipeline``'s hold of ``key`` on ``gpus``; a co-located occupant left alone gets its slot back."""
+        closed = []
+        for g in gpus:
+            mine = [h for h in self.leases[g] if (h.pipeline, h.step, h.stage) == (pipeline, *key)]
+            for h in mine:
+                closed.append((g, h))
+                self.leases[g].remove(h)
+            if len(self.leases[g]) == 1 and self.leases[g][0].share < 1.0:
+                closed.append((g, self._reshare(self.leases[g][0], 1.0, now)))
+        self._record(closed, now)
+
+    def _reshare(self, held: _Held, share: float, now: float) -> _Held:
+        """Change a hold's share from now on; returns the segment that ended (for :meth:`_record`)."""
+        ended = replace(held)
+        held.share, held.since = share, now
+        return ended
+
+    def _record(self, closed: list[tuple[int, _Held]], now: float) -> None:
+        """One slice per lease segment that ended now, over every slot it held at that share since then."""
+        merged: dict[tuple, list[int]] = {}
+        for g, h in closed:
+            merged.setdefault((h.pipeline, h.step, h.stage, h.share, h.since, h.forced), []).append(g)
+        for (pipeline, step, stage, share, since, forced), gpus in merged.items():
+            self.slices.append(LiveSlice(pipeline, step, stage, tuple(sorted(gpus)), share, since, now, forced))
+
+    def open_slices(self, now: float) -> list[LiveSlice]:
+        """The holds running now, as slices up to ``now``."""
+        merged: dict[tuple, list[int]] = {}
+        for g, holds in enumerate(self.leases):
+            for h in holds:
+                merged.setdefault((h.pipeline, h.step, h.stage, h.share, h.since, h.forced), []).append(g)
+        return [
+            LiveSlice(pipeline, step, stage, tuple(gpus), share, since, now, forced)
+            for (pipeline, step, stage, share, since, forced), gpus in merged.items()
+        ]
 
     # ---- deciding --------------------------------------------------------------------------------------------
     def policy(self):
@@ -390,8 +435,13 @@ class LiveExecutor:
         replicas, replica_of = self._replica_views()
         leases = tuple(
             tuple(
-                Lease(pipeline=p, stage=st, sm_share=share, replica=replica_of.get(g) if st == ROLLOUT else None)
-                for p, _, st, share in self.leases[g]
+                Lease(
+                    pipeline=h.pipeline,
+                    stage=h.stage,
+                    sm_share=h.share,
+                    replica=replica_of.get(g) if h.stage == ROLLOUT else None,
+                )
+                for h in self.leases[g]
             )
             for g in range(self.num_slots)
         )
@@ -464,7 +514,7 @@ class LiveExecutor:
                 if ps is None or ps.requested != (action.step, action.stage):
                     continue
                 # the stage runs where the pipeline's workers are, at the share the policy gave it
-                if not self._fits(ps.home, action.sm_share):
+                if not self._fits(ps.spec.name, ps.home, action.sm_share):
                     continue
                 alone = all(not self.leases[g] for g in ps.home)
                 grants.append(self._grant(ps, ps.home, 1.0 if alone else action.sm_share, now, forced=False))
@@ -475,12 +525,14 @@ class LiveExecutor:
                     grants.append(self._grant(ps, ps.home, 1.0, now, forced=True))
         return grants
 
-    def _fits(self, gpus: tuple[int, ...], sm_share: float) -> bool:
+    def _fits(self, pipeline: str, gpus: tuple[int, ...], sm_share: float) -> bool:
+        """Free slots, or (a share below 1, as the policy co-locates) slots each held by one other pipeline's
+        lease, which then shrinks to the rest."""
         for g in gpus:
             held = self.leases[g] if 0 <= g < self.num_slots else None
             if held is None:
                 return False
-            if held and (sm_share >= 1.0 or len(held) > 1 or held[0][3] + sm_share > 1.0 + 1e-9):
+            if held and (sm_share >= 1.0 or len(held) > 1 or held[0].pipeline == pipeline):
                 return False
         return True
 
@@ -489,10 +541,13 @@ class LiveExecutor:
         grant = Grant(ps.spec.name, step, stage, gpus, share, forced, now)
         ps.requested = None
         ps.running[(step, stage)] = grant
+        closed = []
         for g in gpus:
             if self.leases[g] and share < 1.0:  # the occupant's lease shrinks to the rest
-                p, k, st, old = self.leases[g][0]
-                self.leases[g][0] = (p, k, st, min(old, 1.0 - share))
-            self.leases[g].append((ps.spec.name, step, stage, share))
+                occupant = self.leases[g][0]
+                if occupant.share > 1.0 - share:
+                    closed.append((g, self._reshare(occupant, 1.0 - share, now)))
+            self.leases[g].append(_Held(ps.spec.name, step, stage, share, now, forced))
             self.last[g] = ps.spec.name
+        self._record(closed, now)
         return grant

@@ -216,15 +216,11 @@ class MuxScheduler:
         return [asdict(h) for h in self.executor.history]
 
     def trace(self) -> list[dict]:
-        """Every lease held so far (finished ones and those still running up to now)."""
+        """Every lease held so far (finished ones and those still running up to now), one slice per segment of
+        constant share."""
         now = self._now()
         done = [asdict(s) for s in self.executor.slices]
-        running = [
-            {**asdict(g), "end_s": now, "running": True}
-            for ps in self.executor.pipes.values()
-            for g in ps.running.values()
-        ]
-        return done + running
+        return done + [{**asdict(s), "running": True} for s in self.executor.open_slices(now)]
 
 
 class Presence:

@@ -13,8 +13,8 @@ sessions, least in-flight; hash routing under full determinism). On top of it th
 - **re-prefill accounting**: the context (prompt + tokens so far) of every redirected acquire, which is what the
   target re-prefills; the client reports it as a number, so no token list crosses the RPC.
 - **the live batch**: the context each live request had at its last acquire (summed per server, what a replica
-  holds in KV) and when each request last released its server (its finish time: the rollout's live-batch curve
-  for the scheduler's predictor).
+  holds in KV) and when each request finished (its final release: the rollout's live-batch curve for the
+  scheduler's predictor).
 
 Select it through verl's ``actor_rollout_ref.rollout.router_config_path`` (verl builds it as
 ``cls(servers, yaml_config)``) or pass it as ``load_balancer_cls``.
@@ -39,13 +39,12 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
             kwargs["max_cache_size"] = yaml_config
         super().__init__(servers, **kwargs)
         self._parked: dict = {}
-        # server id -> live (request id, server-side request id) pairs; a multiset: ids may repeat
-        self._live: dict[str, list[tuple[str, str | None]]] = {sid: [] for sid in servers}
+        # server id -> live (request id, server-side request id, context tokens at acquire); ids may repeat
+        self._live: dict[str, list[tuple[str, str | None, int]]] = {sid: [] for sid in servers}
         self._redirect: dict[str, tuple[str, ...]] = {}
         self.redirected_requests = 0
         self.redirected_context_tokens = 0
-        self._context: dict[str, int] = {}  # request id -> context tokens at its last acquire
-        self._released_at: dict[str, float] = {}  # request id -> wall time of its last release
+        self._finished: list[float] = []  # wall times of releases that ended a request (not a migrated attempt)
 
     # ---- routing ---------------------------------------------------------------------------------------------
     def require_acquire_fields(self) -> list[str]:
@@ -68,20 +67,18 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
             handle = self._servers[server_id]
         else:
             server_id, handle = super().acquire_server(request_id)
-        self._live.setdefault(server_id, []).append((request_id, server_request_id))
-        self._context[request_id] = int(context_tokens or 0)
+        self._live.setdefault(server_id, []).append((request_id, server_request_id, int(context_tokens or 0)))
         return server_id, handle
 
     def release_server(self, server_id: str, request_id: str | None = None) -> None:
         super().release_server(server_id, request_id)
         live = self._live.get(server_id, [])
-        for i, (rid, _) in enumerate(live):
+        for i, (rid, _, _) in enumerate(live):
             if rid == request_id:
                 del live[i]
                 break
-        if request_id is not None:
-            self._released_at[request_id] = time.time()
-            self._context.pop(request_id, None)
+        if request_id not in self._redirect:  # an attempt cut short by a migration resumes; it did not finish
+            self._finished.append(time.time())
 
     def clear_sticky_cache(self) -> dict:
         self._redirect.clear()
@@ -90,7 +87,7 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
     # ---- migration -------------------------------------------------------------------------------------------
     def live_requests(self) -> dict[str, list[str]]:
         """Server id -> caller request ids in flight there (parked servers included)."""
-        return {sid: [rid for rid, _ in live] for sid, live in self._live.items()}
+        return {sid: [rid for rid, _, _ in live] for sid, live in self._live.items()}
 
     def plan_migration(
         self, sources: list[str], targets: list[str] | None = None, requests: list[str] | None = None
@@ -124,7 +121,7 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
         wanted = None if requests is None else set(requests)
         moved = []
         for s in sources:
-            live = self._live.get(s, [])
+            live = [(rid, sid) for rid, sid, _ in self._live.get(s, [])]
             if wanted is None:
                 picked = live
             else:
@@ -151,15 +148,17 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
     def parked_servers(self) -> list[str]:
         return list(self._parked)
 
-    def live_context_tokens(self) -> dict[str, int]:
-        """Server id -> context tokens (at their last acquire) of the requests live there."""
-        return {sid: sum(self._context.get(rid, 0) for rid, _ in live) for sid, live in self._live.items()}
+    def live_load(self) -> dict[str, tuple[int, int]]:
+        """Server id -> (requests live there, their context tokens at their last acquire), read at one instant."""
+        return {sid: (len(live), sum(ctx for _, _, ctx in live)) for sid, live in self._live.items()}
 
     def take_finish_times(self) -> list[float]:
-        """Wall times at which each request released its server last, since the previous call (a request that
-        migrated counts once, at its final release); clears them."""
-        out = sorted(self._released_at.values())
-        self._released_at = {}
+        """Wall times at which requests finished since the previous call, sorted; clears them. A release while the
+        request has a migration redirect pending is its aborted attempt and does not count. (verl's single-turn
+        loop under full determinism gives every request the same id; then a request finishing on another
+        replica while a migration is pending is not counted either.)"""
+        out = sorted(self._finished)
+        self._finished = []
         return out
 
     def migration_counters(self) -> dict[str, int]:

@@ -143,8 +143,7 @@ class RolloutMigrator:
         whatever the server's own ``telemetry()`` reports where it has one (the CPU server: waiting requests,
         tokens generated, tokens/s)."""
         routable = set(await self.lb.get_all_servers.remote())
-        live = await self.lb.live_requests.remote()
-        context = await self.lb.live_context_tokens.remote()
+        load = await self.lb.live_load.remote()
 
         async def server_stats(handle) -> dict:
             try:
@@ -158,8 +157,8 @@ class RolloutMigrator:
             sid: {
                 "waiting_requests": 0,
                 **st,
-                "live_requests": len(live.get(sid, [])),
-                "context_tokens": context.get(sid, 0),
+                "live_requests": load.get(sid, (0, 0))[0],
+                "context_tokens": load.get(sid, (0, 0))[1],
                 "routable": sid in routable,
             }
             for sid, st in zip(self.servers, stats)
