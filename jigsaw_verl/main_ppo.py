@@ -72,7 +72,7 @@ def check_jigsaw_config(config: DictConfig) -> None:
                 f"(trainer.n_gpus_per_node x trainer.nnodes unless set) but group {mux.group!r} has a pool of "
                 f"{int(pool)}"
             )
-        if int(mux.get("max_pipelines") or 4) < 1:
+        if mux.get("max_pipelines") is not None and int(mux.max_pipelines) < 1:
             raise JigsawConfigError(f"jigsaw.mux.max_pipelines={mux.max_pipelines}: a group holds at least 1 pipeline")
         # the pipeline's workers go into the group's one-node pool (mux.shared_pool); say so before Ray starts
         if int(config.trainer.nnodes) != 1:

@@ -15,7 +15,10 @@ What differs from the simulator, and why:
   pool). Every stage of it runs there, so the policy decides *when* a stage runs and whether it shares its slots
   (``sm_share``); a grant is always on the pipeline's home. A planned start elsewhere is granted on the home when
   the home can take it, and waits otherwise. The leases are thus where the work really is, and what keeps two
-  pipelines' stages from running on the same slots at full share.
+  pipelines' stages from running on the same slots at full share. A share below 1 is granted on slots each held
+  by one other pipeline's lease (the policy's co-location, which checked the occupant can take a newcomer): the
+  occupant's share shrinks to the rest until the newcomer ends. Each hold keeps its share segments, so the
+  slices (``slices``, ``open_slices``) never sum to more than 1 on a slot.
 - A running rollout's replicas are what its pipeline reports (``report_replicas``: live, queued and context per
   replica rank, from its load balancer). They become the snapshot's
   :class:`~jigsaw_verl.core.scheduling.ReplicaView` s and the rollout leases' replica ids, so the policy sees
@@ -23,8 +26,8 @@ What differs from the simulator, and why:
   :class:`~jigsaw_verl.core.scheduling.Migrate`. A ``Migrate`` becomes a :class:`MigrationOrder` the pipeline
   takes with its next report and runs through its migrator; the source slots stay leased until the pipeline
   says the migration is done (``migrated``), then the rollout's lease shrinks to the targets and the freed slots
-  go to whoever the policy picks. Replicas are mapped to slots by rank (``rollout_tp`` slots each, in the grant's
-  order) only when the grant is as wide as the pipeline's replicas; otherwise the policy sees no replicas.
+  go to whoever the policy picks. Replica ``r`` runs on home slots ``r * tp`` to ``(r + 1) * tp - 1`` (verl's
+  rollout replicas over its worker ranks).
 - A finished rollout reports when each response finished (``finish_offsets_s``, from the load balancer's
   releases); that live-batch curve goes into the stage's history for the predictor.
 - verl publishes weights after the last step too; that sync is granted without asking the policy, whose graph

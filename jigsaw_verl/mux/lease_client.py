@@ -33,7 +33,7 @@ class StageLeases:
         gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.get("gpu"))
         pool = int(mux.get("pool_slots") or slots)
         self.scheduler = get_scheduler(
-            str(mux.group), pool, gpu, str(mux.get("policy", "jigsaw")), int(mux.get("max_pipelines") or 4)
+            str(mux.group), pool, gpu, str(mux.get("policy", "jigsaw")), int(mux.get("max_pipelines", 4) or 4)
         )
         spec = pipeline_spec_from_verl(self.pipeline, config)
         self.presence = ray.remote(Presence).options(num_cpus=0).remote()
