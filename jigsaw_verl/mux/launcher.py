@@ -1,16 +1,16 @@
 """``jigsaw-verl mux RECIPE.sh RECIPE.sh ...``: run several verl recipes as one multiplexing group.
 
-The launcher starts a local Ray cluster (the group's pool: every pipeline's driver joins it through
-``RAY_ADDRESS``), creates the group's scheduler actor, and starts each recipe with ``jigsaw.enable=true``,
-``jigsaw.mux.group`` and its own ``jigsaw.mux.pipeline`` / ``trainer.experiment_name`` appended (a recipe may be
-given with its own overrides: ``"recipes/cpu_tiny_grpo.sh actor_rollout_ref.rollout.seed=11"``). While they run it
-prints a progress bar per pipeline (steps done, the stage it holds or waits for); at the end it writes a combined
-Perfetto trace and a utilisation plot of the leases (``mux.trace.json``, ``mux.png``, the raw leases in
-``leases.json``) and where every pipeline's workers were placed (``pool.json``: all in the pool's one placement
-group, which the scheduler owns) and the stage times its predictor learned from (``stage_times.json``), beside each
-pipeline's log and metrics (``<pipeline>.log``,
-``<pipeline>.metrics.jsonl``). A pipeline that fails does not stop the others; the launcher's exit code is the
-first non-zero one.
+The launcher starts a local Ray cluster, or joins the one ``RAY_ADDRESS`` names (on a GPU cluster), and every
+pipeline's driver joins that cluster through ``RAY_ADDRESS``; it creates the group's scheduler actor, and starts
+each recipe with ``jigsaw.enable=true``, ``jigsaw.mux.group`` and its own ``jigsaw.mux.pipeline`` /
+``trainer.experiment_name`` appended (a recipe may be given with its own overrides:
+``"recipes/cpu_tiny_grpo.sh actor_rollout_ref.rollout.seed=11"``). While they run it prints a progress bar per
+pipeline (steps done, the stage it holds or waits for); at the end it writes a combined Perfetto trace and a
+utilisation plot of the leases (``mux.trace.json``, ``mux.png``, the raw leases in ``leases.json``), where every
+pipeline's workers were placed (``pool.json``: all in the pool's one placement group, which the scheduler owns)
+and the stage times its predictor learned from (``stage_times.json``), beside each pipeline's log and metrics
+(``<pipeline>.log``, ``<pipeline>.metrics.jsonl``). A pipeline that fails does not stop the others; the
+launcher's exit code is the first non-zero one.
 """
 
 from __future__ import annotations
@@ -83,7 +83,11 @@ def launch(
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    ray.init(num_cpus=CPUS_PER_PIPELINE * len(paths), include_dashboard=False, log_to_driver=False)
+    if os.environ.get("RAY_ADDRESS"):  # a running cluster (a GPU cluster: `ray start` on each node first)
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    else:  # a local cluster on this machine; the CPU backend's pipelines want logical CPUs to spare
+        cpus = CPUS_PER_PIPELINE * len(paths) if device == "cpu" else None
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     try:
         address = ray.get_runtime_context().gcs_address
         # the pool holds every recipe's workers at once (each takes 1/(3 x len(recipes)) of a slot)
