@@ -167,7 +167,18 @@ class _Pipe:
     migrating: set[int] = field(default_factory=set)
     gone: set[int] = field(default_factory=set)
     orders: list[MigrationOrder] = field(default_factory=list)
-    rollout_width: int = 0  # the running rollout's width when granted, once a migration shrank its lease
+
+
+def _slices(holds: list[tuple[int, _Held]], end_s: float) -> list[LiveSlice]:
+    """``(slot, hold)`` pairs as slices ending at ``end_s``: one per segment (same lease, share and start) over all
+    its slots."""
+    merged: dict[tuple, list[int]] = {}
+    for g, h in holds:
+        merged.setdefault((h.pipeline, h.step, h.stage, h.share, h.since, h.forced), []).append(g)
+    return [
+        LiveSlice(pipeline, step, stage, tuple(sorted(gpus)), share, since, end_s, forced)
+        for (pipeline, step, stage, share, since, forced), gpus in merged.items()
+    ]
 
 
 class LiveExecutor:
@@ -288,7 +299,6 @@ class LiveExecutor:
         if not freed or len(freed) >= len(grant.gpus):
             return []
         self._release_slots(pipeline, key, freed, now)
-        ps.rollout_width = ps.rollout_width or len(grant.gpus)
         ps.running[key] = replace(grant, gpus=tuple(g for g in grant.gpus if g not in freed))
         return self.decide(now)
 
@@ -326,11 +336,8 @@ class LiveExecutor:
         self, ps: _Pipe, key: tuple[int, str], now: float, *, record: bool, finish_offsets_s: tuple[float, ...] = ()
     ) -> None:
         grant = ps.running.pop(key)
-        width = len(grant.gpus)
         if key[1] == ROLLOUT:
-            width = ps.rollout_width or width
             ps.replicas, ps.migrating, ps.gone, ps.orders = {}, set(), set(), []
-            ps.rollout_width = 0
         start = grant.start_s
         self._release_slots(ps.spec.name, key, grant.gpus, now)
         if not record:
@@ -344,7 +351,7 @@ class LiveExecutor:
                 stage=stage,
                 start_s=start,
                 end_s=now,
-                gpus=width,
+                gpus=len(ps.home),  # every grant is on the home; a migration may have shrunk a rollout's since
                 finish_offsets_s=finish_offsets_s if stage == ROLLOUT else (),
             )
         )
@@ -375,22 +382,11 @@ class LiveExecutor:
 
     def _record(self, closed: list[tuple[int, _Held]], now: float) -> None:
         """One slice per lease segment that ended now, over every slot it held at that share since then."""
-        merged: dict[tuple, list[int]] = {}
-        for g, h in closed:
-            merged.setdefault((h.pipeline, h.step, h.stage, h.share, h.since, h.forced), []).append(g)
-        for (pipeline, step, stage, share, since, forced), gpus in merged.items():
-            self.slices.append(LiveSlice(pipeline, step, stage, tuple(sorted(gpus)), share, since, now, forced))
+        self.slices.extend(_slices(closed, now))
 
     def open_slices(self, now: float) -> list[LiveSlice]:
         """The holds running now, as slices up to ``now``."""
-        merged: dict[tuple, list[int]] = {}
-        for g, holds in enumerate(self.leases):
-            for h in holds:
-                merged.setdefault((h.pipeline, h.step, h.stage, h.share, h.since, h.forced), []).append(g)
-        return [
-            LiveSlice(pipeline, step, stage, tuple(gpus), share, since, now, forced)
-            for (pipeline, step, stage, share, since, forced), gpus in merged.items()
-        ]
+        return _slices([(g, h) for g, holds in enumerate(self.leases) for h in holds], now)
 
     # ---- deciding --------------------------------------------------------------------------------------------
     def policy(self):

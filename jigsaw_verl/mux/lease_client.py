@@ -33,7 +33,7 @@ class StageLeases:
         gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.get("gpu"))
         pool = int(mux.get("pool_slots") or slots)
         self.scheduler = get_scheduler(
-            str(mux.group), pool, gpu, str(mux.get("policy", "jigsaw")), int(mux.get("max_pipelines", 4) or 4)
+            str(mux.group), pool, gpu, str(mux.get("policy", "jigsaw")), int(mux.get("max_pipelines") or 4)
         )
         spec = pipeline_spec_from_verl(self.pipeline, config)
         self.presence = ray.remote(Presence).options(num_cpus=0).remote()
@@ -53,7 +53,7 @@ class StageLeases:
         return ray.get(self.scheduler.pool.remote(device_resource, self.pipeline))
 
     def report_placement(self, workers: list) -> list[dict]:
-        """Ask each worker actor which placement group and bundle it runs in; tell the scheduler; return it."""
+        """Ask each worker actor which placement group and node it runs in; tell the scheduler; return it."""
 
         def where(worker_self):
             context = ray.get_runtime_context()

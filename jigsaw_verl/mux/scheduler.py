@@ -126,7 +126,7 @@ class MuxScheduler:
         return replace(self._pool[1], first_slot=self.executor.home(pipeline)[0])
 
     async def placed(self, pipeline: str, workers: list[dict]) -> None:
-        """A pipeline reports where its workers went (each: ``name``, ``placement_group_id``, ``bundle``)."""
+        """A pipeline reports where its workers went (each: ``placement_group_id``, ``node_id``)."""
         self._placed[pipeline] = list(workers)
 
     def placement(self) -> dict:

@@ -51,15 +51,16 @@ class SharedPoolManager(ResourcePoolManager):
         super().__init__(resource_pool_spec=resource_pool_spec, mapping=mapping)
         self.placement = placement
         self.pipeline = pipeline
-        check_shareable(resource_pool_spec, placement, pipeline)
 
     def create_resource_pool(self):
+        self._check_resource_available()  # before anything is made (verl's own checks after)
         for name, process_on_nodes in self.resource_pool_spec.items():
             self.resource_pool_dict[name] = SharedResourcePool(
                 sum(process_on_nodes), self.placement, name_prefix=f"{self.pipeline}_{name}_"
             )
 
     def _check_resource_available(self):
+        # verl's counts the cluster's free GPUs, which the pool's placement group already holds
         check_shareable(self.resource_pool_spec, self.placement, self.pipeline)
 
 

@@ -88,7 +88,6 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
                 leases.residency.offload(UPDATE)
 
     def fit(self, agent_loop_manager):
-        self._leases()  # join before the first step
         try:
             return super().fit(agent_loop_manager)
         finally:
@@ -97,8 +96,9 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
 
     def on_step_begin(self):
         super().on_step_begin()
-        if self._leases() is not None:  # verl submits the prompts after this hook: only their finishes count
-            ray.get(self._migrator().lb.take_finish_times.remote())
+        # drain the balancer's finish times every step (in a group only this step's rollout is reported; verl
+        # submits the prompts after this hook)
+        ray.get(self._migrator().lb.take_finish_times.remote())
         self._stage(ROLLOUT)
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
