@@ -22,6 +22,7 @@ Select it through verl's ``actor_rollout_ref.rollout.router_config_path`` (verl 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import ray
@@ -152,11 +153,17 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
         """Server id -> (requests live there, their context tokens at their last acquire), read at one instant."""
         return {sid: (len(live), sum(ctx for _, _, ctx in live)) for sid, live in self._live.items()}
 
-    def take_finish_times(self) -> list[float]:
+    async def take_finish_times(self, settle_s: float = 5.0) -> list[float]:
         """Wall times at which requests finished since the previous call, sorted; clears them. A release while the
         request has a migration redirect pending is its aborted attempt and does not count. (verl's single-turn
         loop under full determinism gives every request the same id; then a request finishing on another
-        replica while a migration is pending is not counted either.)"""
+        replica while a migration is pending is not counted either.)
+
+        verl's client sends its release without waiting for it, so a caller that has seen every request return may
+        ask before the last releases arrive: this waits, up to ``settle_s``, until no request is live."""
+        deadline = time.monotonic() + settle_s
+        while any(self._live.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         out = sorted(self._finished)
         self._finished = []
         return out
@@ -167,7 +174,6 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
 
     async def drop_dead_servers(self, timeout_s: float = 5.0) -> list[str]:
         """Remove servers whose actor no longer answers (died or unreachable); return their ids."""
-        import asyncio
 
         async def alive(handle) -> bool:
             try:
