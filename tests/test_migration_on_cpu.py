@@ -61,6 +61,9 @@ def _rollout(ray, n_servers: int, model=None, config=None, response_length: int 
         .remote(config=cfg, model_config=SimpleNamespace(local_path=str(model)), replica_rank=i)
         for i in range(n_servers)
     }
+    # every server has loaded its model before any request is sent, as verl's replicas are up before a rollout;
+    # otherwise one slow start-up holds the tests' telemetry polls while the other servers finish their work
+    ray.get([h.telemetry.remote() for h in servers.values()])
     lb = ray.remote(MigratingLoadBalancer).remote(servers=servers)
     config = config or OmegaConf.create(
         {"actor_rollout_ref": {"rollout": {"name": "cpu", "full_determinism": False, "response_length": RESPONSE}}}
