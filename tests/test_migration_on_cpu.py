@@ -188,8 +188,8 @@ def test_chosen_requests_move_to_chosen_targets(ray_session, prompts):
     same target. Greedy text is unchanged, request ids are kept, and every resumed attempt went to the target."""
 
     async def go():
-        # responses four times the default: r1 must still be generating after r2's subset migration (with 24
-        # tokens a loaded machine could finish r1's requests before the second migration, so it moved none)
+        # responses four times the default: headroom so r1 is still generating after r2's subset migration and
+        # the polls that follow it, even on a loaded machine
         servers, _, client, _ = _rollout(ray_session, 3, response_length=4 * RESPONSE)
         plain = await _generate_all(client, prompts)
         servers, lb, client, migrator = _rollout(ray_session, 3, response_length=4 * RESPONSE)
