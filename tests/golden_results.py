@@ -1,0 +1,74 @@
+"""The golden record of every policy on every bundled workload (used by ``test_golden_results_on_cpu.py``).
+
+Each (workload, policy) pair is run as ``jigsaw-verl simulate`` runs it (the runner's best configuration) and
+reduced to figures a reader can compare (makespan, finish times, counts) plus a SHA-256 of each full result
+field (every slice, stage, migration, token count), so any change of any simulated figure is caught while the
+file stays small. Regenerate only for a deliberate behaviour change, in its own commit saying why:
+
+    .venv/bin/python tests/golden_results.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from jigsaw_verl.sim.policies import POLICIES
+from jigsaw_verl.sim.runner import Runner
+from jigsaw_verl.sim.workload_file import bundled_workloads, load_workload
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "sim_results.json"
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(repr(obj).encode()).hexdigest()
+
+
+def record(result) -> dict:
+    """The golden entry of one :class:`SimResult`."""
+    return {
+        "config": result.config,
+        "makespan_s": repr(result.makespan_s),
+        "finish_s": {p: repr(t) for p, t in sorted(result.finish_s.items())},
+        "slices": len(result.slices),
+        "stages": len(result.stages),
+        "migrations": len(result.migrations),
+        "reprefill_tokens": result.reprefill_tokens,
+        "generated_tokens": {p: int(sum(int(a.sum()) for a in v)) for p, v in sorted(result.generated.items())},
+        "staleness": dict(sorted(result.staleness.items())),
+        "sha256": {
+            "slices": _digest(result.slices),
+            "stages": _digest(result.stages),
+            "migrations": _digest(result.migrations),
+            "tokens": _digest({p: [a.tolist() for a in v] for p, v in sorted(result.generated.items())})
+            + _digest({p: [a.tolist() for a in v] for p, v in sorted(result.completions.items())}),
+            "finish_offsets": _digest(sorted(result.rollout_finish_offsets.items())),
+        },
+    }
+
+
+def compute() -> dict:
+    out = {}
+    for path in bundled_workloads():
+        workload = load_workload(path)
+        runner = Runner(workload)
+        out[workload.name] = {name: record(runner.run_policy(name)) for name in POLICIES.names()}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
+    args = parser.parse_args()
+    data = compute()
+    if args.write:
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    json.dump(data, sys.stdout, indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Golden test: every policy on every bundled workload gives exactly the recorded result.
+
+The record (``tests/golden/sim_results.json``, made by ``tests/golden_results.py --write``) pins makespans,
+finish times, counts and a digest of every slice, stage, migration and token count, so a refactor of the
+simulator, the policies or the pool mechanism cannot change a simulated figure unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from golden_results import GOLDEN, compute
+
+
+@pytest.fixture(scope="module")
+def computed() -> dict:
+    return compute()
+
+
+def test_golden_file_covers_every_policy_and_workload(computed):
+    golden = json.loads(GOLDEN.read_text())
+    assert sorted(golden) == sorted(computed)
+    for workload, policies in golden.items():
+        assert sorted(policies) == sorted(computed[workload]), workload
+
+
+def test_every_result_matches_the_golden_record(computed):
+    golden = json.loads(GOLDEN.read_text())
+    for workload, policies in golden.items():
+        for policy, expected in policies.items():
+            assert computed[workload][policy] == expected, f"{workload} / {policy}"
