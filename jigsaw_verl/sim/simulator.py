@@ -87,7 +87,7 @@ class Slice:
         bound: ``compute`` | ``memory`` | ``comm`` | ``cpu`` | ``load``.
         flops: useful model FLOPs.
         inputs_ready_s: when the samples it consumes existed (streamed log-prob micro-batches), else ``None``.
-        sm_shares: SM share leased on each of ``gpus`` when it started (empty: 1 on each, exclusive).
+        sm_shares: the smallest SM share leased on each of ``gpus`` over the slice (empty: 1 on each, exclusive).
     """
 
     gpus: tuple[int, ...]
@@ -185,6 +185,7 @@ class _Task:
 
     gpus: tuple[int, ...]
     shares: dict = field(default_factory=dict)  # gpu -> SM share
+    low: dict = field(default_factory=dict)  # gpu -> smallest SM share since its last recorded slice
     rate: float = 1.0
     marks: list = field(default_factory=list)
     token: int = 0
@@ -533,13 +534,16 @@ class Simulator:
                 if isinstance(task, _Engine) and isinstance(occ[0], _Engine):
                     raise SimulationError(f"{self.policy.name}: GPU {g} already holds a replica; cannot start {what}")
                 occ[0].shares[g] = min(occ[0].shares[g], 1.0 - share)  # the occupant's lease shrinks
+                occ[0].low[g] = min(occ[0].low[g], occ[0].shares[g])
             occ.append(task)
-            task.shares[g] = share
+            task.shares[g] = task.low[g] = share
         task.marks = [(self.now, self.now, 1.0)]
 
     def _release(self, task: _Task) -> None:
         for g in task.gpus:
             self.occ[g].remove(task)
+            if len(self.occ[g]) == 1:  # a co-located occupant left alone gets its slot back (as live)
+                self.occ[g][0].shares[g] = 1.0
         if any(self.occ[g] for g in task.gpus):
             self._rerate(task.gpus)
 
@@ -714,7 +718,7 @@ class Simulator:
     # ---- running tasks ---------------------------------------------------------------------------------------
     def _record(self, task: _Task, node: SubStage, start: float, end: float, ready: float | None = None) -> None:
         if end > start:
-            shares = tuple(task.shares[g] for g in task.gpus)
+            shares = tuple(task.low[g] for g in task.gpus)  # the share it had throughout the slice
             shares = () if all(x == 1.0 for x in shares) else shares
             self.slices.append(
                 Slice(
@@ -737,6 +741,8 @@ class Simulator:
         for a in acts:
             node = activity_node(ps.spec, e.step, e.worker, a, 0.0)
             self._record(e, node, self._to_sim(e, a.start_s), self._to_sim(e, a.end_s))
+        if acts:
+            e.low = dict(e.shares)
 
     def _on_engine(self, e: _Engine) -> None:
         # NOTE: the event is due. A slowed-down engine advances to its own event time, so float rounding of its
@@ -859,6 +865,7 @@ class Simulator:
     def _on_gang(self, gang: _Gang) -> None:
         node, _, _, ready, start = gang.current
         self._record(gang, node, start, self.now, ready)
+        gang.low = dict(gang.shares)
         gang.current = None
         self._next_node(gang)
 
