@@ -50,13 +50,20 @@ def record(result) -> dict:
     }
 
 
-def compute() -> dict:
+def run_all() -> dict:
+    """``{workload name: (workload, {policy: result})}`` for every bundled workload and registered policy."""
     out = {}
     for path in bundled_workloads():
         workload = load_workload(path)
         runner = Runner(workload)
-        out[workload.name] = {name: record(runner.run_policy(name)) for name in POLICIES.names()}
+        out[workload.name] = (workload, {name: runner.run_policy(name) for name in POLICIES.names()})
     return out
+
+
+def compute(runs: dict | None = None) -> dict:
+    """The golden record of :func:`run_all`'s results."""
+    runs = runs if runs is not None else run_all()
+    return {w: {name: record(r) for name, r in results.items()} for w, (_, results) in runs.items()}
 
 
 def main() -> None:

@@ -10,12 +10,25 @@ from __future__ import annotations
 import json
 
 import pytest
-from golden_results import GOLDEN, compute
+from golden_results import GOLDEN, compute, run_all
+from schedule_checks import check_all
 
 
 @pytest.fixture(scope="module")
-def computed() -> dict:
-    return compute()
+def runs() -> dict:
+    return run_all()
+
+
+@pytest.fixture(scope="module")
+def computed(runs) -> dict:
+    return compute(runs)
+
+
+def test_every_golden_schedule_is_valid(runs):
+    """Each recorded run passes the schedule checks (dependencies, staleness, no GPU over-subscribed)."""
+    for workload, results in runs.values():
+        for result in results.values():
+            check_all(workload, result)
 
 
 def test_golden_file_covers_every_policy_and_workload(computed):

@@ -41,15 +41,6 @@ def test_deterministic():
         assert a.makespan_s == b.makespan_s and a.slices == b.slices and a.stages == b.stages
 
 
-def test_bundled_longcot_baselines_are_valid():
-    from jigsaw_verl.sim.workload_file import bundled_workloads, load_workload
-
-    w = load_workload([f for f in bundled_workloads() if f.name.startswith("longcot")][0])
-    for policy in ("verl-split", "areal"):
-        for c in POLICIES.get(policy)(w):
-            check_all(w, Simulator(w, c).run())
-
-
 def test_verl_seq_runs_jobs_one_after_another(tiny_workload):
     (c,) = POLICIES.get("verl-seq")(tiny_workload)
     r = Simulator(tiny_workload, c).run()
