@@ -17,8 +17,14 @@ setup(
     version="0.1.0",
     description="Pipeline multiplexing (JigsawRL) for verl recipes: sub-stage graphs, a look-ahead scheduler, "
     "rollout migration and a cluster simulator.",
-    packages=find_packages(include=["jigsaw_verl", "jigsaw_verl.*", "patches"]),
-    package_data={"jigsaw_verl": ["workloads/*.yaml", "workloads/*.md", "config/*.yaml"]},
+    # The repository's top-level patches/ folder is installed as jigsaw_verl.patches (not a generic `patches`).
+    packages=[*find_packages(include=["jigsaw_verl", "jigsaw_verl.*"]), "jigsaw_verl.patches"],
+    package_dir={"jigsaw_verl.patches": "patches"},
+    package_data={
+        "jigsaw_verl": ["workloads/*.yaml", "workloads/*.md"],
+        "jigsaw_verl.integration": ["config/*.yaml"],
+        "jigsaw_verl.patches": ["README.md"],
+    },
     python_requires=">=3.10",
     install_requires=[
         "verl==0.9.1",
@@ -41,6 +47,6 @@ setup(
     entry_points={
         "console_scripts": ["jigsaw-verl=jigsaw_verl.cli:main"],
         # verl imports these in every process: registrations only (CPU platform, rollout, engines, patches).
-        "verl.plugins": ["jigsaw_cpu = jigsaw_verl.cpu.plugin"],
+        "verl.plugins": ["jigsaw_cpu = jigsaw_verl.integration.cpu.plugin"],
     },
 )

@@ -1,6 +1,6 @@
 """jigsaw-verl: JigsawRL pipeline multiplexing for verl recipes.
 
-``jigsaw_verl.core`` is pure (stdlib + numpy); ``jigsaw_verl.sim`` simulates a GPU pool with the same objects.
+``jigsaw_verl.model`` is pure (stdlib + numpy); ``jigsaw_verl.sim`` simulates a GPU pool with the same objects.
 Importing this package imports neither verl nor torch.
 """
 

@@ -2,7 +2,7 @@
 
 - ``jigsaw-verl simulate WORKLOAD.yaml [--policies a,b] [--json F] [--trace F] [--plot F]``
 - ``jigsaw-verl mux "RECIPE.sh [override ...]" ... [--group G] [--pool-slots N] [--policy P] [--out DIR]``: several
-  verl recipes multiplexed on one pool (:mod:`jigsaw_verl.mux.launcher`).
+  verl recipes multiplexed on one pool (:mod:`jigsaw_verl.runtime.launcher`).
 - ``jigsaw-verl demo [--out DIR] [--skip-recipe]``: the simulator on the bundled long-CoT workload (table, trace,
   plot), then two tiny GRPO pipelines multiplexed live on one pool of 2 CPU slots (``jigsaw-verl mux``: progress
   per pipeline, combined trace and utilisation plot in ``DIR/mux``).
@@ -46,9 +46,9 @@ def _progress(line: str) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .core.spec import SpecError
-    from .sim.runner import DEFAULT_POLICIES, Runner, check_policy_names
-    from .sim.workload_file import load_workload
+    from jigsaw_verl.model.spec import SpecError
+    from jigsaw_verl.model.workload_file import load_workload
+    from jigsaw_verl.sim.runner import DEFAULT_POLICIES, Runner, check_policy_names
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else DEFAULT_POLICIES
     try:
@@ -62,7 +62,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     trace_path = _writable(args.trace, "--trace")
     plot_path = _writable(args.plot, "--plot")
 
-    from .sim.table import format_report
+    from jigsaw_verl.report.table import format_report
 
     started = time.perf_counter()
     report = Runner(workload, progress=_progress).report(names)
@@ -71,12 +71,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
         _progress(f"wrote {json_path}")
     if trace_path:
-        from .sim.trace import write_trace
+        from jigsaw_verl.report.trace import write_trace
 
         write_trace(report.results, trace_path)
         _progress(f"wrote {trace_path} (open in ui.perfetto.dev)")
     if plot_path:
-        from .sim.plot import write_plot
+        from jigsaw_verl.report.plot import write_plot
 
         write_plot(report.results, plot_path, title=workload.name)
         _progress(f"wrote {plot_path}")
@@ -85,7 +85,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .sim.workload_file import BUNDLED_DIR
+    from jigsaw_verl.model.workload_file import BUNDLED_DIR
 
     out = Path(args.out)
     _progress(f"demo 1/2: simulating {DEMO_WORKLOAD} with every baseline; outputs in {out}/")
@@ -99,7 +99,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rc = cmd_simulate(ns)
     if rc or args.skip_recipe:
         return rc
-    from .mux.launcher import launch
+    from jigsaw_verl.runtime.launcher import launch
 
     recipe = Path(__file__).resolve().parent.parent / "recipes" / "cpu_tiny_grpo.sh"
     recipes = [f"{recipe} actor_rollout_ref.rollout.seed=7", f"{recipe} actor_rollout_ref.rollout.seed=11"]
@@ -112,7 +112,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_mux(args: argparse.Namespace) -> int:
-    from .mux.launcher import launch
+    from jigsaw_verl.runtime.launcher import launch
 
     if args.pool_slots < 1:
         raise UsageError(f"--pool-slots must be >= 1, got {args.pool_slots}")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib
 
 PATCHES = (
-    "patches.gloo_process_group",  # first: verl modules import the function it wraps by name
-    "patches.fsdp2_cpu_offload",
-    "patches.resource_pool_check",
-    "patches.rollout_class_registry",
+    "jigsaw_verl.patches.gloo_process_group",  # first: verl modules import the function it wraps by name
+    "jigsaw_verl.patches.fsdp2_cpu_offload",
+    "jigsaw_verl.patches.resource_pool_check",
+    "jigsaw_verl.patches.rollout_class_registry",
 )
 
 

@@ -1,6 +1,6 @@
 """Register the CPU rollout's worker-side class under rollout name ``cpu``.
 
-What: adds ``("cpu", "async") -> "jigsaw_verl.cpu.rollout.adapter.CPUServerAdapter"`` to
+What: adds ``("cpu", "async") -> "jigsaw_verl.integration.cpu.rollout.adapter.CPUServerAdapter"`` to
 ``verl.workers.rollout.base._ROLLOUT_REGISTRY``.
 
 Why: verl's hybrid worker builds its rollout with ``get_rollout_class(name, mode)``, which reads that
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 VERL_VERSIONS = ("0.9.1",)
 KEY = ("cpu", "async")
-TARGET = "jigsaw_verl.cpu.rollout.adapter.CPUServerAdapter"
+TARGET = "jigsaw_verl.integration.cpu.rollout.adapter.CPUServerAdapter"
 
 
 def is_applied() -> bool:

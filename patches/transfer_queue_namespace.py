@@ -68,8 +68,9 @@ def apply() -> None:
     found = installed_version()
     if found not in TQ_VERSIONS:
         raise RuntimeError(
-            f"patches.transfer_queue_namespace was written for TransferQueue {', '.join(TQ_VERSIONS)}; installed is "
-            f"{found}. Re-check it against this release before widening TQ_VERSIONS."
+            f"jigsaw_verl.patches.transfer_queue_namespace was written for TransferQueue "
+            f"{', '.join(TQ_VERSIONS)}; installed is {found}. Re-check it against this release before widening "
+            "TQ_VERSIONS."
         )
     import transfer_queue.interface as tqi
     from transfer_queue.storage.clients import ray_storage_client

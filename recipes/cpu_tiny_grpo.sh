@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-ASSETS=$($PY -c "from jigsaw_verl.cpu.assets import build_tiny_assets as b; print(b().root)" 2>/dev/null | tail -n 1)
+ASSETS=$($PY -c "from jigsaw_verl.integration.cpu.assets import build_tiny_assets as b; print(b().root)" 2>/dev/null | tail -n 1)
 OUT=${OUT:-out/cpu_tiny_grpo}
 mkdir -p "$OUT"
 
@@ -46,7 +46,7 @@ exec $PY $ENTRY \
     actor_rollout_ref.rollout.agent.num_workers=1 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.ref.fsdp_config.param_offload=False \
-    reward.custom_reward_function.path="$PWD/jigsaw_verl/cpu/reward.py" \
+    reward.custom_reward_function.path="$PWD/jigsaw_verl/integration/cpu/reward.py" \
     reward.custom_reward_function.name=compute_score \
     algorithm.use_kl_in_reward=False \
     trainer.device=cpu \

@@ -10,8 +10,8 @@ import argparse
 import json
 import sys
 
+from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
 from jigsaw_verl.sim.runner import DEFAULT_POLICIES, Runner
-from jigsaw_verl.sim.workload_file import bundled_workloads, load_workload
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,12 +23,12 @@ import time
 
 import numpy as np
 
-from jigsaw_verl.core.lookahead import JigsawConfig, LookAheadPolicy
-from jigsaw_verl.core.spec import workload_from_dict
+from jigsaw_verl.model.spec import workload_from_dict
+from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
+from jigsaw_verl.policy.jigsaw.lookahead import JigsawConfig, LookAheadPolicy
 from jigsaw_verl.sim.predictor_report import predictor_error
 from jigsaw_verl.sim.runner import Runner
 from jigsaw_verl.sim.simulator import Simulator
-from jigsaw_verl.sim.workload_file import bundled_workloads, load_workload
 
 POLICIES = [
     "verl",

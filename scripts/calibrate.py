@@ -19,10 +19,10 @@ import argparse
 import json
 import sys
 
-from jigsaw_verl.core.cost_model import CostModel
-from jigsaw_verl.core.graph import ROLLOUT
-from jigsaw_verl.core.spec import workload_from_dict
-from jigsaw_verl.sim.policies import POLICIES
+from jigsaw_verl.model.cost_model import CostModel
+from jigsaw_verl.model.graph import ROLLOUT
+from jigsaw_verl.model.spec import workload_from_dict
+from jigsaw_verl.policy.catalog import POLICIES
 from jigsaw_verl.sim.simulator import Simulator
 
 TOLERANCE_POINTS = 10.0

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from jigsaw_verl.core.spec import workload_from_dict
+from jigsaw_verl.model.spec import workload_from_dict
 
 TINY_MODEL = {"params_b": 0.5, "layers": 8, "hidden": 1024, "kv_heads": 4, "head_dim": 128}
 

@@ -16,9 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from jigsaw_verl.sim.policies import POLICIES
+from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
+from jigsaw_verl.policy.catalog import POLICIES
 from jigsaw_verl.sim.runner import Runner
-from jigsaw_verl.sim.workload_file import bundled_workloads, load_workload
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "sim_results.json"
 

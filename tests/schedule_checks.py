@@ -6,9 +6,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from jigsaw_verl.core.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
-from jigsaw_verl.core.lengths import sample_steps
-from jigsaw_verl.core.spec import WorkloadSpec
+from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
+from jigsaw_verl.model.lengths import sample_steps
+from jigsaw_verl.model.spec import WorkloadSpec
 from jigsaw_verl.sim.simulator import SimResult
 
 EPS = 1e-7

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from jigsaw_verl.core.catalogue import GPUS, MODELS
-from jigsaw_verl.core.cost_model import CostModel, Work
+from jigsaw_verl.model.catalogue import GPUS, MODELS
+from jigsaw_verl.model.cost_model import CostModel, Work
 
 H100 = GPUS["H100-80G"]
 

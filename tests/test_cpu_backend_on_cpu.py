@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jigsaw_verl.cpu.assets import build_tiny_assets
+from jigsaw_verl.integration.cpu.assets import build_tiny_assets
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,8 +57,8 @@ PATCH_PROBE = textwrap.dedent(
     """
     import os, json
     os.environ["VERL_PLATFORM"] = "cpu"
-    import verl  # loads the jigsaw_cpu plugin, which applies the patches
-    import patches
+    import verl  # loads the jigsaw_cpu plugin, which applies the jigsaw_verl.patches
+    import jigsaw_verl.patches
     from verl.utils.device import get_device_name, get_torch_device
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.engine.base import EngineRegistry
@@ -66,7 +66,7 @@ PATCH_PROBE = textwrap.dedent(
     from verl.single_controller.ray.base import ResourcePoolManager
     import verl.utils.distributed as dist_utils
     import torch.distributed as dist
-    out = {"device": get_device_name(), "applied_again": patches.apply_all()}
+    out = {"device": get_device_name(), "applied_again": jigsaw_verl.patches.apply_all()}
     out["rollout_cls"] = get_rollout_class("cpu", "async").__name__
     out["engine"] = EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__
     out["pin"] = transformer_impl.CPUOffloadPolicy().pin_memory
@@ -105,11 +105,11 @@ def test_patches_and_registrations_in_a_cpu_process():
 
 
 def test_patches_refuse_another_verl_version(monkeypatch):
-    import patches
+    import jigsaw_verl.patches
 
-    monkeypatch.setattr(patches, "installed_verl_version", lambda: "0.10.0")
-    with pytest.raises(patches.VerlVersionError, match="written for verl 0.9.1"):
-        patches.apply_all()
+    monkeypatch.setattr(jigsaw_verl.patches, "installed_verl_version", lambda: "0.10.0")
+    with pytest.raises(jigsaw_verl.patches.VerlVersionError, match="written for verl 0.9.1"):
+        jigsaw_verl.patches.apply_all()
 
 
 def test_plugin_does_nothing_outside_cpu_runs():

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from jigsaw_verl.cpu.assets import build_tiny_assets
-from jigsaw_verl.cpu.rollout.server import CPURolloutServer, state_checksum
+from jigsaw_verl.integration.cpu.assets import build_tiny_assets
+from jigsaw_verl.integration.cpu.rollout.server import CPURolloutServer, state_checksum
 
 
 @pytest.fixture(scope="module")

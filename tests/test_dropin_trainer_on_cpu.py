@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from jigsaw_verl.trainer.timing import CORE_STAGE, StageTimer
+from jigsaw_verl.integration.trainer.timing import CORE_STAGE, StageTimer
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "legacy_dropin"

@@ -9,15 +9,15 @@ from conftest import tiny_pipeline, tiny_workload_dict
 from schedule_checks import check_all, check_no_gpu_oversubscribed
 from test_simulator_on_cpu import WORKLOADS
 
-from jigsaw_verl.core.cost_model import CostModel
-from jigsaw_verl.core.graph import ROLLOUT
-from jigsaw_verl.core.lookahead import JigsawConfig, LookAheadPolicy
-from jigsaw_verl.core.migration import plan_migration
-from jigsaw_verl.core.resources import InterferenceTable
-from jigsaw_verl.core.rollout_engine import ReplicaEngine, Request
-from jigsaw_verl.core.scheduling import Migrate, ReplicaView, SchedulerOutput, StageTiming, StartStage
-from jigsaw_verl.core.spec import SpecError, workload_from_dict
-from jigsaw_verl.sim.policies import POLICIES
+from jigsaw_verl.model.cost_model import CostModel
+from jigsaw_verl.model.graph import ROLLOUT
+from jigsaw_verl.model.rollout_engine import ReplicaEngine, Request
+from jigsaw_verl.model.spec import SpecError, workload_from_dict
+from jigsaw_verl.policy.catalog import POLICIES
+from jigsaw_verl.policy.interface import Migrate, ReplicaView, SchedulerOutput, StageTiming, StartStage
+from jigsaw_verl.policy.jigsaw.interference import InterferenceTable
+from jigsaw_verl.policy.jigsaw.lookahead import JigsawConfig, LookAheadPolicy
+from jigsaw_verl.policy.jigsaw.migration_planner import plan_migration
 from jigsaw_verl.sim.predictor_report import predictor_error
 from jigsaw_verl.sim.simulator import SimulationError, Simulator
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from jigsaw_verl.core.graph import STAGES, WEIGHT_SYNC
-from jigsaw_verl.core.scheduling import Migrate, SchedulerOutput, StartStage
-from jigsaw_verl.cpu.assets import build_tiny_assets
-from jigsaw_verl.mux.executor import LiveExecutor, MigrationOrder, PoolTooSmall, ReplicaReport
-from jigsaw_verl.mux.pipeline_spec import CPU_SLOT, pipeline_spec_from_verl
-from jigsaw_verl.sim.policies import POLICIES
+from jigsaw_verl.integration.cpu.assets import build_tiny_assets
+from jigsaw_verl.integration.pipeline_spec import CPU_SLOT, pipeline_spec_from_verl
+from jigsaw_verl.model.graph import STAGES, WEIGHT_SYNC
+from jigsaw_verl.policy.catalog import POLICIES
+from jigsaw_verl.policy.interface import Migrate, SchedulerOutput, StartStage
+from jigsaw_verl.runtime.executor import LiveExecutor, MigrationOrder, PoolTooSmall, ReplicaReport
 
 DURATION = {"rollout": 3.0, "logprob": 1.0, "update": 2.0, "weight_sync": 0.5}
 

@@ -9,14 +9,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from schedule_checks import check_all
 
-from jigsaw_verl.core.graph import ROLLOUT
-from jigsaw_verl.core.memory import min_train_gpus
-from jigsaw_verl.core.scheduling import ExecutionMode, SchedulerOutput, Snapshot, StartStage
-from jigsaw_verl.core.spec import SpecError, WorkloadSpec, workload_from_dict
+from jigsaw_verl.model.graph import ROLLOUT
+from jigsaw_verl.model.memory import min_train_gpus
+from jigsaw_verl.model.spec import SpecError, WorkloadSpec, workload_from_dict
+from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
+from jigsaw_verl.policy.catalog import BASELINES, POLICIES
+from jigsaw_verl.policy.interface import ExecutionMode, SchedulerOutput, Snapshot, StartStage
 from jigsaw_verl.sim.lower_bound import declared_staleness, lower_bound
-from jigsaw_verl.sim.policies import BASELINES, POLICIES
 from jigsaw_verl.sim.simulator import Simulator
-from jigsaw_verl.sim.workload_file import bundled_workloads, load_workload
 
 BRUTE_FORCE_LEAVES = 120
 

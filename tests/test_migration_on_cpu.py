@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from jigsaw_verl.cpu.assets import build_tiny_assets
+from jigsaw_verl.integration.cpu.assets import build_tiny_assets
 
 RESPONSE = 24
 
@@ -30,7 +30,7 @@ def prompts():
 
 
 def _recording_client_cls():
-    from jigsaw_verl.rollout.client import MigratingLLMServerClient
+    from jigsaw_verl.integration.rollout.client import MigratingLLMServerClient
 
     class RecordingClient(MigratingLLMServerClient):
         """The real migrating client; records which server each attempt of each request id was routed to."""
@@ -48,9 +48,9 @@ def _recording_client_cls():
 
 
 def _rollout(ray, n_servers: int, model=None, config=None, response_length: int = RESPONSE):
-    from jigsaw_verl.cpu.rollout.server import CPURolloutServer
-    from jigsaw_verl.rollout.load_balancer import MigratingLoadBalancer
-    from jigsaw_verl.rollout.migrator import RolloutMigrator
+    from jigsaw_verl.integration.cpu.rollout.server import CPURolloutServer
+    from jigsaw_verl.integration.rollout.load_balancer import MigratingLoadBalancer
+    from jigsaw_verl.integration.rollout.migrator import RolloutMigrator
 
     model = model or build_tiny_assets().model
     cfg = SimpleNamespace(max_num_seqs=64, prompt_length=64, response_length=response_length, max_model_len=None,
@@ -313,10 +313,10 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
 
     from test_live_executor_on_cpu import _MigrateForTheWaiting, _spec
 
-    from jigsaw_verl.mux.executor import LiveExecutor, ReplicaReport
-    from jigsaw_verl.mux.pipeline_spec import CPU_SLOT
-    from jigsaw_verl.rollout.tail_monitor import TailMonitor
-    from jigsaw_verl.sim.policies import POLICIES
+    from jigsaw_verl.integration.pipeline_spec import CPU_SLOT
+    from jigsaw_verl.integration.rollout.tail_monitor import TailMonitor
+    from jigsaw_verl.policy.catalog import POLICIES
+    from jigsaw_verl.runtime.executor import LiveExecutor, ReplicaReport
 
     LONG = 480
     homes = {"a": (0, 1), "b": (0,)}

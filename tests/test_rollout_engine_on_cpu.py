@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jigsaw_verl.core.catalogue import GPUS, MODELS
-from jigsaw_verl.core.cost_model import CostModel
-from jigsaw_verl.core.rollout_engine import ReplicaEngine, Request, decode_phase
+from jigsaw_verl.model.catalogue import GPUS, MODELS
+from jigsaw_verl.model.cost_model import CostModel
+from jigsaw_verl.model.rollout_engine import ReplicaEngine, Request, decode_phase
 
 M = MODELS["qwen3-4b"]
 

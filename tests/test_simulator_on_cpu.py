@@ -6,8 +6,8 @@ import pytest
 from conftest import tiny_pipeline, tiny_workload_dict
 from schedule_checks import check_all
 
-from jigsaw_verl.core.spec import workload_from_dict
-from jigsaw_verl.sim.policies import BASELINES, POLICIES
+from jigsaw_verl.model.spec import workload_from_dict
+from jigsaw_verl.policy.catalog import BASELINES, POLICIES
 from jigsaw_verl.sim.simulator import Simulator
 
 WORKLOADS = {

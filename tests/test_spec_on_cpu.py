@@ -9,8 +9,8 @@ import pytest
 import yaml
 from conftest import tiny_pipeline, tiny_workload_dict
 
-from jigsaw_verl.core.spec import SpecError, workload_from_dict
-from jigsaw_verl.sim.workload_file import bundled_workloads, load_workload
+from jigsaw_verl.model.spec import SpecError, workload_from_dict
+from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
 
 
 def test_bundled_workloads_load():

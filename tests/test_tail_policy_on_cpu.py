@@ -3,8 +3,8 @@ test_migration_on_cpu.py)."""
 
 from __future__ import annotations
 
-from jigsaw_verl.rollout.migrator import MigrationReport
-from jigsaw_verl.rollout.tail_monitor import TailPolicy, freed_replica_seconds
+from jigsaw_verl.integration.rollout.migrator import MigrationReport
+from jigsaw_verl.integration.rollout.tail_monitor import TailPolicy, freed_replica_seconds
 
 P = TailPolicy(tail_threshold=4)
 

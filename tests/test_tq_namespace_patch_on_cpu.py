@@ -10,7 +10,7 @@ def test_named_actors_go_to_the_run_namespace(ray_session, monkeypatch):
     import transfer_queue.interface as tqi
     from transfer_queue.storage.clients import ray_storage_client
 
-    from patches import transfer_queue_namespace as patch
+    from jigsaw_verl.patches import transfer_queue_namespace as patch
 
     saved = (tqi.ray, tqi.TransferQueueController, ray_storage_client.ray, ray_storage_client.RayObjectRefStorage)
     monkeypatch.setenv(patch.ENV, "transfer_queue.g.p0")
@@ -40,7 +40,7 @@ def test_named_actors_go_to_the_run_namespace(ray_session, monkeypatch):
 
 
 def test_refuses_without_a_namespace_or_on_another_release(monkeypatch):
-    from patches import transfer_queue_namespace as patch
+    from jigsaw_verl.patches import transfer_queue_namespace as patch
 
     monkeypatch.delenv(patch.ENV, raising=False)
     with pytest.raises(RuntimeError, match="JIGSAW_VERL_TQ_NAMESPACE is not set"):

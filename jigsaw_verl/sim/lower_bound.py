@@ -3,7 +3,7 @@
 Derivation. Every GPU offers, per second, at most one GPU-second of SM time and one GPU-second of HBM bandwidth;
 a co-located pair shares them (:meth:`CostModel.colocated_rates` never hands out more) and an exclusive
 sub-stage of duration ``d`` on ``g`` GPUs uses at most ``d * g`` of each. So if the work of all pipelines needs
-``C`` GPU-seconds of compute and ``M`` of bandwidth (:class:`~jigsaw_verl.core.cost_model.Work`), then
+``C`` GPU-seconds of compute and ``M`` of bandwidth (:class:`~jigsaw_verl.model.cost_model.Work`), then
 ``makespan >= max(C, M) / G`` on a pool of ``G`` GPUs; and for any arrival time ``a``, the work of pipelines
 arriving at or after ``a`` still has to happen after ``a``.
 
@@ -35,10 +35,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.cost_model import CostModel, Work
-from ..core.lengths import StepSamples, sample_steps
-from ..core.memory import kv_capacity_tokens
-from ..core.spec import PipelineSpec, WorkloadSpec
+from jigsaw_verl.model.cost_model import CostModel, Work
+from jigsaw_verl.model.lengths import StepSamples, sample_steps
+from jigsaw_verl.model.memory import kv_capacity_tokens
+from jigsaw_verl.model.spec import PipelineSpec, WorkloadSpec
 
 MAX_NUM_SEQS = 1024  # the replica engine's live-sequence limit
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.cost_model import CostModel
-from ..core.graph import LOGPROB, ROLLOUT, UPDATE
-from ..core.predictor import Predictor
-from ..core.scheduling import StageTiming
-from ..core.spec import WorkloadSpec
-from .simulator import SimResult
+from jigsaw_verl.model.cost_model import CostModel
+from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE
+from jigsaw_verl.model.spec import WorkloadSpec
+from jigsaw_verl.policy.interface import StageTiming
+from jigsaw_verl.policy.jigsaw.predictor import Predictor
+from jigsaw_verl.sim.simulator import SimResult
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..core.cost_model import CostModel
-from ..core.lengths import sample_steps
-from ..core.scheduling import Policy
-from ..core.spec import WorkloadSpec
-from .lower_bound import LowerBound, declared_staleness, lower_bound, relaxed_staleness
-from .policies import BASELINES, POLICIES
-from .simulator import SimResult, Simulator
+from jigsaw_verl.model.cost_model import CostModel
+from jigsaw_verl.model.lengths import sample_steps
+from jigsaw_verl.model.spec import WorkloadSpec
+from jigsaw_verl.policy.catalog import BASELINES, POLICIES
+from jigsaw_verl.policy.interface import Policy
+from jigsaw_verl.sim.lower_bound import LowerBound, declared_staleness, lower_bound, relaxed_staleness
+from jigsaw_verl.sim.simulator import SimResult, Simulator
 
 
 @dataclass(frozen=True)

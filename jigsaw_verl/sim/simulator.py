@@ -5,15 +5,15 @@ instance, so runs never leak into each other and the same workload, seed and pol
 The loop is short: pop every event due now, let it advance its replica or gang task, then ask the policy what
 to start (:meth:`Simulator._decide`). What runs:
 
-- a rollout stage runs on replicas (:class:`~jigsaw_verl.core.rollout_engine.ReplicaEngine`), each freeing its
+- a rollout stage runs on replicas (:class:`~jigsaw_verl.model.rollout_engine.ReplicaEngine`), each freeing its
   GPUs as soon as it has nothing left to generate;
-- every other stage runs as one *gang* over its GPUs, node by node (the nodes of :mod:`jigsaw_verl.core.graph`).
+- every other stage runs as one *gang* over its GPUs, node by node (the nodes of :mod:`jigsaw_verl.model.graph`).
 
 Co-location: a sub-stage started with an SM share below 1 may join a GPU held by one other sub-stage (whose
 lease there shrinks to the rest). Two co-located sub-stages progress at the speeds
 :meth:`CostModel.colocated_rates` gives for their current nodes; every task keeps a local clock (its progress)
 that runs at its current rate, so when rates change the remaining work is rescaled. A task alone on its GPUs
-runs at full speed whatever its lease. Migration (:class:`~jigsaw_verl.core.scheduling.Migrate`) aborts the
+runs at full speed whatever its lease. Migration (:class:`~jigsaw_verl.policy.interface.Migrate`) aborts the
 requests of some replicas of a pipeline and resumes them on others, which re-prefill prompt + tokens so far.
 
 Memory: each GPU keeps pipeline state resident (training state sharded over a GPU set, rollout weights per
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.cost_model import CostModel, Work
-from ..core.graph import (
+from jigsaw_verl.model.cost_model import CostModel, Work
+from jigsaw_verl.model.graph import (
     LOGPROB,
     ROLLOUT,
     STAGES,
@@ -46,10 +46,11 @@ from ..core.graph import (
     update_nodes,
     weight_sync_node,
 )
-from ..core.lengths import StepSamples, sample_steps
-from ..core.memory import kv_capacity_tokens, rollout_weight_bytes, train_state_bytes, usable_bytes
-from ..core.rollout_engine import ReplicaEngine
-from ..core.scheduling import (
+from jigsaw_verl.model.lengths import StepSamples, sample_steps
+from jigsaw_verl.model.memory import kv_capacity_tokens, rollout_weight_bytes, train_state_bytes, usable_bytes
+from jigsaw_verl.model.rollout_engine import ReplicaEngine
+from jigsaw_verl.model.spec import PipelineSpec, WorkloadSpec
+from jigsaw_verl.policy.interface import (
     ExecutionMode,
     Lease,
     Migrate,
@@ -62,7 +63,6 @@ from ..core.scheduling import (
     StageTiming,
     StartStage,
 )
-from ..core.spec import PipelineSpec, WorkloadSpec
 
 EPS = 1e-9
 _ARRIVE, _TASK = 0, 1
@@ -105,7 +105,7 @@ class Slice:
 
 @dataclass(frozen=True)
 class MigrationRecord:
-    """One executed :class:`~jigsaw_verl.core.scheduling.Migrate`.
+    """One executed :class:`~jigsaw_verl.policy.interface.Migrate`.
 
     Attributes:
         time_s: when it happened, seconds.

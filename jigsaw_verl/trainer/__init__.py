@@ -14,7 +14,7 @@ __all__ = ["RayPPOTrainer"]
 
 def __getattr__(name: str):
     if name == "RayPPOTrainer":
-        from .legacy import RayPPOTrainer
+        from jigsaw_verl.integration.trainer.legacy import RayPPOTrainer
 
         return RayPPOTrainer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,12 +19,12 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "jigsaw_verl" / "config")
 
 @hydra.main(config_path=CONFIG_DIR, config_name="jigsaw_ppo_trainer", version_base=None)
 def main(config):
-    from jigsaw_verl.cpu.backend import CPUConfigError
-    from jigsaw_verl.main_ppo import JigsawConfigError, prepare
+    from jigsaw_verl.integration.cpu.backend import CPUConfigError
+    from jigsaw_verl.integration.main_ppo import JigsawConfigError, prepare
 
     try:
         prepare(config)  # before verl is imported (selects the CPU platform)
-        from jigsaw_verl.trainer.legacy import LegacyMigrationError, check_legacy_config
+        from jigsaw_verl.integration.trainer.legacy import LegacyMigrationError, check_legacy_config
 
         check_legacy_config(config)
     except (JigsawConfigError, CPUConfigError, LegacyMigrationError) as err:

@@ -20,11 +20,11 @@ import socket
 
 import ray
 from omegaconf import OmegaConf
-
 from verl.trainer.distillation import is_distillation_enabled
-from jigsaw_verl.trainer import RayPPOTrainer
 from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
 from verl.utils.config import validate_config
+
+from jigsaw_verl.trainer import RayPPOTrainer
 
 
 class BaseTaskRunner:

@@ -1,0 +1,112 @@
+"""``StageLeases``: a pipeline's side of the live scheduler: join, then hold a lease around every stage.
+
+The trainer (``trainer.v1.trainer_mode=jigsaw`` with ``jigsaw.enable=true``) calls ``begin(step, stage)`` before a
+stage and ``end()`` after it; ``begin`` blocks until the group's scheduler grants the stage. Stage times reach the
+scheduler's predictor through the grant/release pair. ``wait_s`` keeps how long each stage waited for its grant,
+for the step's metrics.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name, mux_slots, pipeline_spec_from_verl, slot_spec
+from jigsaw_verl.model.graph import STAGES
+from jigsaw_verl.runtime.executor import PoolTooSmall
+from jigsaw_verl.runtime.pool_placement import PoolPlacement
+from jigsaw_verl.runtime.scheduler import Presence, get_scheduler
+
+
+class StageLeases:
+    """Leases of one pipeline in a multiplexing group.
+
+    Args:
+        config: the run's verl config with its ``jigsaw.mux`` group.
+    """
+
+    def __init__(self, config):
+        mux = config.jigsaw.mux
+        self.pipeline = mux_pipeline_name(config)
+        slots = mux_slots(config)
+        gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.get("gpu"))
+        pool = int(mux.get("pool_slots") or slots)
+        self.scheduler = get_scheduler(
+            str(mux.group), pool, gpu, str(mux.get("policy", "jigsaw")), int(mux.get("max_pipelines") or 4)
+        )
+        spec = pipeline_spec_from_verl(self.pipeline, config)
+        self.presence = ray.remote(Presence).options(num_cpus=0).remote()
+        try:
+            ray.get(self.scheduler.join.remote(spec, slots, self.presence))
+        except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, PoolTooSmall):
+                raise PoolTooSmall(f"jigsaw.mux.slots: {err.cause}") from None
+            raise
+        self.current: tuple[int, str] | None = None
+        self.granted_at = 0.0  # wall time of the held stage's grant
+        self.wait_s: dict[str, float] = {}
+        self.residency = None  # a LeaseResidency once the pipeline's workers exist
+
+    def pool(self, device_resource: str) -> PoolPlacement:
+        """The group's pool placement group (made by the scheduler at the first call) and this pipeline's home."""
+        return ray.get(self.scheduler.pool.remote(device_resource, self.pipeline))
+
+    def report_placement(self, workers: list) -> list[dict]:
+        """Ask each worker actor which placement group and node it runs in; tell the scheduler; return it."""
+
+        def where(worker_self):
+            context = ray.get_runtime_context()
+            pg = context.get_placement_group_id()
+            return {"placement_group_id": pg, "node_id": context.get_node_id()}
+
+        answers = ray.get([w.__ray_call__.remote(where) for w in workers])
+        ray.get(self.scheduler.placed.remote(self.pipeline, answers))
+        return answers
+
+    def begin(self, step: int, stage: str) -> dict:
+        """Block until ``stage`` of ``step`` is granted (ending the stage held before, if any)."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}")
+        self.end()
+        started = time.perf_counter()
+        grant = ray.get(self.scheduler.acquire.remote(self.pipeline, step, stage))
+        self.wait_s[stage] = self.wait_s.get(stage, 0.0) + time.perf_counter() - started
+        self.current = (step, stage)
+        self.granted_at = time.time()
+        if self.residency is not None:
+            self.residency.onload(stage)
+        return grant
+
+    def end(self, finish_times: list[float] | None = None) -> None:
+        """End the stage held now, if any (a rollout: with the wall times its responses finished at)."""
+        if self.current is not None:
+            if self.residency is not None:
+                self.residency.offload(self.current[1])
+            offsets = tuple(max(0.0, t - self.granted_at) for t in finish_times or ())
+            ray.get(self.scheduler.release.remote(self.pipeline, *self.current, offsets))
+            self.current = None
+
+    async def report_replicas(self, replicas: list[dict]) -> list[dict]:
+        """The held rollout's replicas now (``ReplicaReport`` fields); returns the group's migration orders."""
+        if self.current is None:
+            return []
+        return await self.scheduler.report_replicas.remote(self.pipeline, self.current[0], replicas)
+
+    async def migrated(self, sources: list[int]) -> None:
+        """Replica ranks ``sources`` of the held rollout hold no requests any more: their slots can go."""
+        if self.current is not None:
+            await self.scheduler.migrated.remote(self.pipeline, self.current[0], list(sources))
+
+    def leave(self) -> None:
+        """End the held stage and leave the group."""
+        self.end()
+        ray.get(self.scheduler.leave.remote(self.pipeline))
+
+    def take_metrics(self) -> dict[str, float]:
+        """``jigsaw/lease_wait_s/<stage>`` (and the residency's moves) since the last call."""
+        out = {f"jigsaw/lease_wait_s/{stage}": s for stage, s in self.wait_s.items()}
+        self.wait_s = {}
+        if self.residency is not None:
+            out.update(self.residency.take_metrics())
+        return out

@@ -1,0 +1,85 @@
+"""A verl run's config as the :class:`~jigsaw_verl.model.spec.PipelineSpec` the scheduler plans with.
+
+The policy needs a prior for each pipeline's stages before any step ran; its predictor then corrects it from the
+stage times the pipeline reports (the snapshot's history). The prior comes from what the verl config says: the
+model's ``config.json`` (exact parameter count, layers, heads), prompts per step, responses per prompt, the
+length caps (a response median of half the cap, p99 at the cap: the predictor replaces them with what it sees),
+rollout TP, steps, whether there is a reference model or a critic.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jigsaw_verl.model.catalogue import GPUS, GiB, GPUSpec, model_from_hf_config
+from jigsaw_verl.model.spec import LengthDist, PipelineSpec
+
+# One CPU slot of the CPU backend, as the cost model sees it: rough figures of a server core (bf16 GEMMs through
+# oneDNN, a share of DRAM bandwidth). They only seed the predictor; measured stage times replace them.
+CPU_SLOT = GPUSpec(
+    name="cpu-slot",
+    bf16_flops=50e9,
+    hbm_bytes_per_s=10e9,
+    memory_bytes=8 * GiB,
+    nvlink_bytes_per_s=5e9,
+    pcie_bytes_per_s=5e9,
+    nic_bytes_per_s=1e9,
+)
+
+
+def slot_spec(device: str, gpu_name: str | None = None) -> GPUSpec:
+    """The slot hardware: the CPU slot, or a catalogue GPU (``H100-80G``...)."""
+    if device == "cpu":
+        return CPU_SLOT
+    if gpu_name not in GPUS:
+        raise ValueError(f"jigsaw.mux.gpu: {gpu_name!r} is not in the GPU catalogue ({', '.join(sorted(GPUS))})")
+    return GPUS[gpu_name]
+
+
+def _get(config, dotted: str, default=None):
+    node = config
+    for part in dotted.split("."):
+        if node is None or not hasattr(node, "get"):
+            return default
+        node = node.get(part)
+    return default if node is None else node
+
+
+def mux_pipeline_name(config) -> str:
+    """The pipeline's name in its group: ``jigsaw.mux.pipeline``, else ``trainer.experiment_name``."""
+    return str(_get(config, "jigsaw.mux.pipeline") or _get(config, "trainer.experiment_name"))
+
+
+def mux_slots(config) -> int:
+    """The pool slots the pipeline's stages lease: ``jigsaw.mux.slots``, else the GPUs verl gives the run."""
+    slots = _get(config, "jigsaw.mux.slots")
+    return int(slots or _get(config, "trainer.n_gpus_per_node") * _get(config, "trainer.nnodes"))
+
+
+def pipeline_spec_from_verl(name: str, config) -> PipelineSpec:
+    """The planning spec of a verl run (``config`` is verl's resolved DictConfig, or a nested dict)."""
+    model_dir = Path(str(_get(config, "actor_rollout_ref.model.path")))
+    config_json = model_dir / "config.json"
+    if not config_json.is_file():
+        raise FileNotFoundError(f"actor_rollout_ref.model.path: {config_json} not found (the scheduler reads it)")
+    model = model_from_hf_config(json.loads(config_json.read_text()), name=model_dir.name)
+    prompt_cap = int(_get(config, "data.max_prompt_length", 512))
+    response_cap = int(_get(config, "data.max_response_length", 512))
+    steps = _get(config, "trainer.total_training_steps")
+    if steps is None:
+        raise ValueError("trainer.total_training_steps: set it for a multiplexed run (the scheduler plans every step)")
+    algorithm = "ppo" if str(_get(config, "algorithm.adv_estimator", "grpo")) == "gae" else "grpo"
+    return PipelineSpec(
+        name=name,
+        model=model,
+        algorithm=algorithm,
+        batch_prompts=int(_get(config, "data.train_batch_size")),
+        group_size=int(_get(config, "actor_rollout_ref.rollout.n", 1)),
+        prompt_len=LengthDist(median=max(1.0, prompt_cap / 2), p99=float(prompt_cap), max=prompt_cap),
+        response_len=LengthDist(median=max(1.0, response_cap / 2), p99=float(response_cap), max=response_cap),
+        ref_model=bool(_get(config, "actor_rollout_ref.actor.use_kl_loss", False))
+        or bool(_get(config, "algorithm.use_kl_in_reward", False)),
+        rollout_tp=int(_get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1)),
+        steps=int(steps),
+    )

@@ -1,0 +1,184 @@
+"""verl V1 trainer mode ``jigsaw``: verl's synchronous trainer plus rollout tail migration and stage leases.
+
+Built on ``verl/trainer/ppo/v1/trainer_sync.py`` (``PPOTrainerSync``) through verl's ``@register_trainer``: it
+uses the hooks verl gives a trainer mode and copies none of its methods.
+- ``get_llm_client``: verl's resuming client that also survives a dead replica;
+- ``on_sample_begin`` / ``on_sample_end``: run the tail monitor while the batch generates (in a group it also
+  reports the replicas to the scheduler and runs the migrations its policy orders), then put every migrated-from
+  replica back into routing before verl sleeps the replicas and syncs weights;
+- ``on_step_end``: log per step ``jigsaw/migrations``, ``jigsaw/migrated_requests``,
+  ``jigsaw/reprefill_tokens`` and ``jigsaw/freed_replica_s`` through verl's logger.
+With ``jigsaw.enable=true`` the pipeline joins its group while verl sets up its resource pools, and places its
+worker groups in the group's shared pool (``_init_resource_pool_mgr``:
+:class:`~jigsaw_verl.integration.shared_pool.SharedPoolManager`); when the workers exist (``on_init_end``) it reports
+where they went and hands them to a :class:`~jigsaw_verl.integration.residency.LeaseResidency`
+(``jigsaw.mux.offload``), which moves the training state on and off the devices with each lease. Every stage then runs
+under a lease from the group's live scheduler (:class:`~jigsaw_verl.integration.lease_client.StageLeases`): rollout
+from ``on_step_begin`` (before verl submits the prompts) to ``on_sample_end`` (after the replicas sleep; it reports
+when each response finished), log-prob (reward, old/ref log-prob, values, advantage) until ``_compute_advantage``
+returns, update (critic and actor, checkpoint) until ``on_step_end``, then the weight sync; the pipeline leaves the
+group when ``fit`` returns or raises. Each step logs ``jigsaw/lease_wait_s/<stage>`` and the residency's
+``jigsaw/onload_s`` / ``jigsaw/offload_s``.
+The load balancer is :class:`~jigsaw_verl.integration.rollout.load_balancer.MigratingLoadBalancer`, selected through
+verl's ``actor_rollout_ref.rollout.router_config_path`` (``jigsaw_verl.main_ppo`` sets both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import ray
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from jigsaw_verl.integration.rollout.client import MigratingLLMServerClient
+from jigsaw_verl.integration.rollout.migrator import RolloutMigrator
+from jigsaw_verl.integration.rollout.tail_monitor import TailMonitor, TailPolicy, freed_replica_seconds
+from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
+
+TRAINER_MODE = "jigsaw"
+
+
+@register_trainer(TRAINER_MODE)
+class JigsawPPOTrainerV1(PPOTrainerSync):
+    """verl's sync PPO trainer with rollout tail migration (``jigsaw.migration.*``), stage leases
+    (``jigsaw.enable``) and a canonical batch order (see the module docstring and ``_balance_batch``)."""
+
+    def _migration_config(self):
+        return self.config.get("jigsaw", {}).get("migration", {})
+
+    # ---- stage leases (jigsaw.enable=true) ------------------------------------------------------------------
+    def _leases(self):
+        if getattr(self, "_jigsaw_leases", None) is None and self.config.get("jigsaw", {}).get("enable", False):
+            from jigsaw_verl.integration.lease_client import StageLeases
+
+            self._jigsaw_leases = StageLeases(self.config)
+        return getattr(self, "_jigsaw_leases", None)
+
+    def _stage(self, stage: str) -> None:
+        leases = self._leases()
+        if leases is not None:
+            leases.begin(self.global_steps - 1, stage)
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        leases = self._leases()  # joins the group: a pipeline the pool cannot hold stops here, before any worker
+        if leases is not None:
+            from verl.utils.device import get_resource_name
+
+            from jigsaw_verl.integration.shared_pool import SharedPoolManager
+
+            manager = self.resource_pool_manager
+            self.resource_pool_manager = SharedPoolManager(
+                manager.resource_pool_spec, manager.mapping, leases.pool(get_resource_name()), leases.pipeline
+            )
+
+    def on_init_end(self):
+        super().on_init_end()
+        leases = self._leases()
+        if leases is not None:
+            leases.report_placement(self.actor_rollout_wg.workers)
+            if self.config.jigsaw.mux.get("offload", True):
+                from jigsaw_verl.integration.residency import LeaseResidency
+
+                groups = [self.actor_rollout_wg, getattr(self, "critic_wg", None)]
+                leases.residency = LeaseResidency(groups)
+                # the pipeline starts with its training state off the devices; its first lease brings it
+                leases.residency.offload(UPDATE)
+
+    def fit(self, agent_loop_manager):
+        try:
+            return super().fit(agent_loop_manager)
+        finally:
+            if getattr(self, "_jigsaw_leases", None) is not None:
+                self._jigsaw_leases.leave()
+
+    def on_step_begin(self):
+        super().on_step_begin()
+        # drain the balancer's finish times every step (in a group only this step's rollout is reported; verl
+        # submits the prompts after this hook)
+        ray.get(self._migrator().lb.take_finish_times.remote())
+        self._stage(ROLLOUT)
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """Put the step's samples in a canonical order (by prompt tokens, then response tokens) before verl balances
+        them over the data-parallel ranks. verl orders them by when each response finished, which varies from run
+        to run (and with what else runs on the pool); the sample keys do not fix it either (which of a prompt's
+        ``n`` samples gets which response varies). Training would then sum the same gradients in another order.
+        With this, a step's update depends only on its samples' content."""
+        import transfer_queue as tq
+
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses"])
+        prompts = data["prompts"].to_padded_tensor(padding=-1).tolist()
+        responses = data["responses"].to_padded_tensor(padding=-1).tolist()
+        order = sorted(range(len(batch.keys)), key=lambda i: (prompts[i], responses[i], batch.keys[i]))
+        batch.reorder(order)
+        return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+
+    def _compute_advantage(self, batch, metrics):
+        batch = super()._compute_advantage(batch, metrics)
+        self._stage(UPDATE)
+        return batch
+
+    def get_llm_client(self):
+        return self.llm_server_manager.get_client(client_cls=MigratingLLMServerClient)
+
+    def _migrator(self) -> RolloutMigrator:
+        if getattr(self, "_jigsaw_migrator", None) is None:
+            manager = self.llm_server_manager
+            servers = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
+            self._jigsaw_migrator = RolloutMigrator(manager.global_load_balancer, servers)
+        return self._jigsaw_migrator
+
+    def on_sample_begin(self):
+        super().on_sample_begin()
+        cfg = self._migration_config()
+        migrator = self._migrator()
+        self._jigsaw_reports_before = len(migrator.reports)
+        self._jigsaw_counters_before = ray.get(migrator.lb.migration_counters.remote())
+        self._jigsaw_monitor = None
+        policy = None
+        if cfg.get("enable", False):
+            policy = TailPolicy(tail_threshold=int(cfg.get("tail_threshold", 4)), poll_s=float(cfg.get("poll_s", 0.2)))
+        leases = self._leases()
+        if policy is not None or leases is not None:
+            # in a group the monitor reports the replicas to the scheduler and runs the migrations it orders
+            addresses = list(self.llm_server_manager.server_addresses)
+            poll_s = float(cfg.get("poll_s", 0.2))
+            self._jigsaw_monitor = TailMonitor(migrator, policy, group=leases, addresses=addresses, poll_s=poll_s)
+            self._jigsaw_monitor.start()
+
+    def on_sample_end(self):
+        migrator = self._migrator()
+        if self._jigsaw_monitor is not None:
+            self._jigsaw_monitor.stop()
+        new = migrator.reports[self._jigsaw_reports_before :]
+        counters = ray.get(migrator.lb.migration_counters.remote())
+        self._jigsaw_step_metrics = {
+            "jigsaw/migrations": len(new),
+            "jigsaw/migrated_requests": sum(r.migrated_requests for r in new),
+            # counted by the balancer as the moved requests resume: the context each target re-prefilled
+            "jigsaw/reprefill_tokens": counters["context_tokens"] - self._jigsaw_counters_before["context_tokens"],
+            "jigsaw/freed_replica_s": freed_replica_seconds(new, time.monotonic()),
+        }
+        parked = [s for r in new if r.freed for s in r.sources]
+        if parked:
+            asyncio.run(migrator.restore(parked))
+        super().on_sample_end()
+        leases = self._leases()
+        if leases is not None:
+            # the rollout's live-batch curve (when each response finished) goes to the group's predictor
+            leases.end(ray.get(migrator.lb.take_finish_times.remote()))
+        self._stage(LOGPROB)
+
+    def on_step_end(self):
+        self._stage(WEIGHT_SYNC)
+        super().on_step_end()
+        leases = self._leases()
+        lease_metrics = {}
+        if leases is not None:
+            leases.end()
+            lease_metrics = leases.take_metrics()
+        pending = getattr(self, "_pending_sync_metrics", None) or {}
+        self._pending_sync_metrics = {**pending, **getattr(self, "_jigsaw_step_metrics", {}), **lease_metrics}

@@ -1,0 +1,151 @@
+"""The resource manager: the GPU pool as leases, memory admission, and the interference table.
+
+A lease gives a sub-stage a set of GPUs and, on each, a share of SMs and of memory. Two sub-stages may share a GPU
+when their memory fits beside each other and their SM shares sum to at most 1; how fast each then runs comes from
+an :class:`InterferenceTable`. In simulation the table is derived from the cost model
+(:meth:`InterferenceTable.from_cost_model`); on a GPU it is profiled at warm-up and loaded from a file
+(:meth:`InterferenceTable.load`). Its file format (JSON)::
+
+    {"format": "jigsaw-interference/1",
+     "gpu": "H100-80G",                       # informational
+     "shares": [0.1, 0.2, ..., 0.9],           # SM share of the first sub-stage of a pair
+     "classes": ["compute", "memory"],         # load classes; a sub-stage is classified by its bottleneck
+     "rates": {"compute|memory": [[r_a, r_b], ...]}}   # per pair "a|b", one [speed of a, speed of b] per share,
+                                                       # speeds as fractions of running alone
+
+The manager is pure: it reads a :class:`~jigsaw_verl.policy.interface.Snapshot` and answers questions; the
+executor applies the leases a policy chose.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jigsaw_verl.model.cost_model import CostModel
+from jigsaw_verl.model.graph import ROLLOUT
+from jigsaw_verl.model.memory import rollout_weight_bytes, train_state_bytes
+from jigsaw_verl.model.spec import PipelineSpec
+from jigsaw_verl.policy.interface import Snapshot
+
+FORMAT = "jigsaw-interference/1"
+CLASSES: tuple[str, ...] = ("compute", "memory")
+SHARES: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+# Representative per-GPU needs (fraction of SMs, fraction of HBM bandwidth) of each class running alone: a
+# training micro-batch keeps SMs busy; a long-tail decode step streams weights and KV with a few SMs.
+_REPRESENTATIVE = {"compute": (0.95, 0.1), "memory": (0.25, 0.6)}
+
+
+def load_class(stage: str, live_per_replica: float = 0.0) -> str:
+    """The interference class of a sub-stage: rollout decode at small live batches is memory-bound, training
+    and large-batch prefill/decode compute-bound."""
+    return "memory" if stage == ROLLOUT and live_per_replica < 64 else "compute"
+
+
+@dataclass(frozen=True)
+class InterferenceTable:
+    """Speeds of two co-located sub-stages, by class pair and SM share.
+
+    Attributes:
+        gpu: GPU name the table was made for.
+        shares: SM shares of the first sub-stage of a pair, ascending.
+        rates: ``"a|b"`` -> one ``(speed of a, speed of b)`` per share; speeds are fractions of running alone.
+    """
+
+    gpu: str
+    shares: tuple[float, ...]
+    rates: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_cost_model(cls, cost: CostModel) -> InterferenceTable:
+        """Derive the table from the cost model's co-location model at representative loads (simulation)."""
+        rates = {}
+        for a in CLASSES:
+            for b in CLASSES:
+                row = []
+                for s in SHARES:
+                    la = cost.stage_load_from_needs(*_REPRESENTATIVE[a], sm_share=s)
+                    lb = cost.stage_load_from_needs(*_REPRESENTATIVE[b], sm_share=1.0 - s)
+                    row.append(cost.colocated_rates(la, lb) or (0.0, 0.0))
+                rates[f"{a}|{b}"] = tuple(row)
+        return cls(cost.gpu.name, SHARES, rates)
+
+    @classmethod
+    def load(cls, path: str | Path) -> InterferenceTable:
+        """Read a profiled table; raises ``ValueError`` naming the file on a malformed one."""
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path}: format: expected {FORMAT!r}, got {data.get('format')!r}")
+        shares = tuple(float(s) for s in data["shares"])
+        rates = {}
+        for pair, row in data["rates"].items():
+            if len(row) != len(shares) or any(len(r) != 2 or not all(0 <= x <= 1 for x in r) for r in row):
+                raise ValueError(f"{path}: rates.{pair}: expected one [speed, speed] in [0, 1] per share")
+            rates[pair] = tuple((float(a), float(b)) for a, b in row)
+        return cls(str(data.get("gpu", "")), shares, rates)
+
+    def save(self, path: str | Path) -> None:
+        data = {
+            "format": FORMAT,
+            "gpu": self.gpu,
+            "shares": list(self.shares),
+            "classes": sorted({c for pair in self.rates for c in pair.split("|")}),
+            "rates": {k: [list(r) for r in v] for k, v in self.rates.items()},
+        }
+        Path(path).write_text(json.dumps(data, indent=1))
+
+    def best_share(self, a: str, b: str, weight_a: float = 1.0) -> tuple[float, float, float]:
+        """The SM share of ``a`` that maximises ``weight_a * speed_a + speed_b``, with both speeds."""
+        row = self.rates[f"{a}|{b}"]
+        i = max(range(len(row)), key=lambda j: (weight_a * row[j][0] + row[j][1], -j))
+        return self.shares[i], row[i][0], row[i][1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceManager:
+    """Memory admission and co-location choices over a snapshot.
+
+    Attributes:
+        specs: the pipelines, by name.
+        usable_bytes: memory per GPU for state and KV cache, bytes.
+        table: the interference table.
+        min_train: per pipeline, fewest GPUs that hold its training state.
+    """
+
+    specs: dict[str, PipelineSpec]
+    usable_bytes: float
+    table: InterferenceTable
+    min_train: dict[str, int]
+
+    def stage_bytes(self, pipeline: str, stage: str, gpus: int) -> float:
+        """Per-GPU bytes a stage needs resident: rollout weights plus room for the KV of its longest request,
+        or the training state sharded over ``gpus``."""
+        spec = self.specs[pipeline]
+        if stage == ROLLOUT:
+            longest = spec.prompt_len.max + spec.response_len.max
+            kv = 4 * longest * spec.model.kv_bytes_per_token  # room for a few long sequences, not a full cache
+            return (rollout_weight_bytes(spec.model) + kv) / spec.rollout_tp
+        return train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / gpus
+
+    def colocatable(
+        self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int], gpus: int, *, tail_live: int
+    ) -> list[int]:
+        """GPUs among ``candidates`` held by exactly one lease of another pipeline, a long-tail replica (at most
+        ``tail_live`` live requests, none queued: memory-bound) when the newcomer trains or a gang when it rolls
+        out, with memory for the newcomer."""
+        need = self.stage_bytes(pipeline, stage, gpus)
+        tail = {r.replica for r in snap.replicas if r.queued == 0 and r.live <= tail_live}
+        out = []
+        for g in candidates:
+            leases = snap.leases[g]
+            if len(leases) != 1 or leases[0].pipeline == pipeline:
+                continue
+            if (leases[0].stage == ROLLOUT) == (stage == ROLLOUT):  # pair a replica with a gang, never two alike
+                continue
+            if leases[0].replica is not None and leases[0].replica not in tail:
+                continue
+            if snap.free_bytes[g] >= need:
+                out.append(g)
+        return out

@@ -1,0 +1,108 @@
+"""The migration planner: merge a rollout's long tail from k replicas onto m < k and free the rest.
+
+A pipeline's rollout is in its tail when nothing is queued and its replicas hold few live requests each. The
+planner keeps as targets the ``m`` replicas holding the most context (the least to re-prefill elsewhere), moves
+every live request of the others onto them, and prices the move:
+
+- the targets re-prefill prompt + tokens so far of every moved request (KV is recomputed, not transferred);
+- the merged replicas decode larger batches over more context, so the remaining tail runs slower by the ratio of
+  the cost model's decode-step times;
+- the sources free their GPUs for the time they would still have held them (the predictor's per-replica
+  remaining time).
+
+:func:`plan_migration` returns the plan with its prices, or ``None`` when the rollout is not in its tail or
+merging frees nothing. Whether the freed GPU time is taken by a ready sub-stage and worth more than the cost is
+the policy's call (the look-ahead scores it); :meth:`MigrationPlan.worth_it` is the local test.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from jigsaw_verl.model.cost_model import CostModel
+from jigsaw_verl.model.spec import PipelineSpec
+from jigsaw_verl.policy.interface import Migrate, ReplicaView
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigrationPlan:
+    """A priced k -> m merge.
+
+    Attributes:
+        action: the :class:`Migrate` to apply.
+        freed_gpus: GPUs the sources free.
+        moved_requests: live requests that move.
+        reprefill_s: seconds the targets spend re-prefilling, in parallel over targets.
+        slowdown: factor on the remaining tail's decode step time (>= 1).
+        freed_gpu_s: GPU-seconds the sources would still have held (predicted).
+        cost_gpu_s: GPU-seconds the targets spend extra (re-prefill plus the slower tail).
+        delay_s: predicted delay of the rollout's end.
+    """
+
+    action: Migrate
+    freed_gpus: tuple[int, ...]
+    moved_requests: int
+    reprefill_s: float
+    slowdown: float
+    freed_gpu_s: float
+    cost_gpu_s: float
+    delay_s: float
+
+    def worth_it(self) -> bool:
+        return self.freed_gpu_s > self.cost_gpu_s
+
+
+def in_tail(replicas: list[ReplicaView], tail_live_per_replica: float) -> bool:
+    """Nothing queued and few live requests per replica."""
+    return (
+        len(replicas) > 1
+        and all(r.queued == 0 for r in replicas)
+        and sum(r.live for r in replicas) <= tail_live_per_replica * len(replicas)
+    )
+
+
+def plan_migration(
+    spec: PipelineSpec,
+    cost: CostModel,
+    replicas: list[ReplicaView],
+    remaining_s: list[float],
+    *,
+    tail_live_per_replica: float,
+    max_live_per_target: int,
+) -> MigrationPlan | None:
+    """Plan merging ``replicas`` (one pipeline's, same order as ``remaining_s``) onto as few as hold at most
+    ``max_live_per_target`` live requests each."""
+    if not in_tail(replicas, tail_live_per_replica):
+        return None
+    live = sum(r.live for r in replicas)
+    m = max(1, math.ceil(live / max_live_per_target))
+    if m >= len(replicas):
+        return None
+    order = sorted(range(len(replicas)), key=lambda i: (-replicas[i].context_tokens, replicas[i].replica))
+    keep, move = order[:m], order[m:]
+    moved = [replicas[i] for i in move]
+    tp = spec.rollout_tp
+    ctx_moved = sum(r.context_tokens for r in moved)
+    n_moved = sum(r.live for r in moved)
+    if n_moved == 0:  # sources already idle: freeing them costs nothing (they free themselves anyway)
+        return None
+    mean_ctx = ctx_moved / n_moved
+    reprefill_s = cost.prefill(spec.model, tp, ctx_moved / m, (ctx_moved / m) * mean_ctx)
+    worst = max(replicas, key=lambda r: (r.live, r.context_tokens))
+    before = cost.decode_step(spec.model, tp, max(1, worst.live), worst.context_tokens)
+    after = cost.decode_step(spec.model, tp, math.ceil(live / m), sum(r.context_tokens for r in replicas) / m)
+    slowdown = max(1.0, after / before)
+    tail = max(remaining_s)
+    delay = reprefill_s + tail * (slowdown - 1.0)
+    freed_gpu_s = sum(remaining_s[i] for i in move) * tp
+    return MigrationPlan(
+        action=Migrate(spec.name, tuple(replicas[i].replica for i in move), tuple(replicas[i].replica for i in keep)),
+        freed_gpus=tuple(g for r in moved for g in r.gpus),
+        moved_requests=n_moved,
+        reprefill_s=reprefill_s,
+        slowdown=slowdown,
+        freed_gpu_s=freed_gpu_s,
+        cost_gpu_s=m * tp * delay,
+        delay_s=delay,
+    )

@@ -1,0 +1,253 @@
+"""The live scheduler: one named, detached Ray actor per ``jigsaw.mux.group`` that owns the group's pool.
+
+The actor owns the pool's placement group (one bundle per slot, made at the first :meth:`MuxScheduler.pool` call):
+every joined pipeline places its worker groups in it (:mod:`.shared_pool`) and reports where they went
+(:meth:`MuxScheduler.placed`). Pipelines find it by name (:func:`get_scheduler`), join with their planning spec and
+slot need, then ask for
+every stage before running it (``acquire``, which returns when the policy grants it) and report its end
+(``release``). The actor runs a :class:`~jigsaw_verl.runtime.executor.LiveExecutor` (the core policy, the same object
+the simulator runs). A pipeline that dies is noticed by a watchdog that pings the actor it joined with; its
+leases are reclaimed and the others go on. ``trace()`` returns every lease held, for the combined Perfetto trace
+and utilisation plot the launcher writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, replace
+
+import ray
+
+from jigsaw_verl.model.catalogue import GPUSpec
+from jigsaw_verl.model.spec import PipelineSpec
+from jigsaw_verl.runtime.executor import Grant, LiveExecutor, PoolTooSmall, ReplicaReport
+from jigsaw_verl.runtime.pool_placement import VERL_COLOCATE, PoolPlacement, pool_bundle
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "jigsaw_mux"
+# how long the pool's placement group may take to be placed before the group reports the cluster too small
+POOL_READY_TIMEOUT_S = 120.0
+
+
+def actor_name(group: str) -> str:
+    return f"jigsaw-mux-{group}"
+
+
+class MuxScheduler:
+    """The pool of one multiplexing group (wrapped as a Ray actor by :func:`get_scheduler`).
+
+    Args:
+        group: group name.
+        num_slots: slots in the pool.
+        gpu: slot hardware for the policy's cost model.
+        policy: policy name (``jigsaw`` by default).
+        max_pipelines: most pipelines the group holds at once (each worker takes ``1 / (3 * max_pipelines)`` of a
+            slot's Ray resources, so all of them fit into the pool's bundles).
+        watchdog_s: how often joined pipelines are checked for life.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        num_slots: int,
+        gpu: GPUSpec,
+        policy: str = "jigsaw",
+        max_pipelines: int = 4,
+        watchdog_s: float = 1.0,
+    ):
+        if max_pipelines < 1:
+            raise ValueError(f"jigsaw.mux.max_pipelines must be at least 1, got {max_pipelines}")
+        self.group = group
+        self.max_pipelines = max_pipelines
+        self._pool: tuple[str, PoolPlacement] | None = None
+        self._placed: dict[str, list[dict]] = {}
+        self.executor = LiveExecutor(num_slots, gpu, policy=policy)
+        self.t0 = time.monotonic()
+        self.watchdog_s = watchdog_s
+        self._events: dict[tuple[str, int, str], asyncio.Event] = {}
+        self._grants: dict[tuple[str, int, str], Grant] = {}
+        self._owners: dict[str, object] = {}
+        self._watchdog: asyncio.Task | None = None
+        self.errors: dict[str, str] = {}
+
+    def _now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _deliver(self, grants: list[Grant]) -> None:
+        for g in grants:
+            key = (g.pipeline, g.step, g.stage)
+            self._grants[key] = g
+            self._events.setdefault(key, asyncio.Event()).set()
+
+    async def join(self, pipeline: PipelineSpec, slots: int, owner=None) -> dict:
+        """Join the group with the pipeline's planning spec and slot need; ``owner`` is an actor handle whose
+        death means the pipeline crashed. Raises :class:`PoolTooSmall` for a pipeline that cannot fit."""
+        try:
+            self.executor.join(pipeline, slots, self._now())
+        except PoolTooSmall as err:
+            self.errors[pipeline.name] = str(err)
+            raise
+        if owner is not None:
+            self._owners[pipeline.name] = owner
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+        return {"group": self.group, "num_slots": self.executor.num_slots, "policy": self.executor.policy_name}
+
+    async def pool(self, device_resource: str, pipeline: str) -> PoolPlacement:
+        """The pool's placement group, made at the first call: one bundle per slot, shaped as verl shapes its
+        own, with room in each for one worker of every pipeline the group may hold; and where in it the (joined)
+        ``pipeline`` places its workers (its home slots)."""
+        if self._pool is None:
+            from ray.util.placement_group import placement_group
+
+            colocate = VERL_COLOCATE * self.max_pipelines
+            bundle = pool_bundle(device_resource, colocate)
+            pg = placement_group(
+                [dict(bundle) for _ in range(self.executor.num_slots)],
+                strategy="STRICT_PACK",
+                name=f"jigsaw-pool-{self.group}",
+            )
+            try:
+                await asyncio.wait_for(pg.ready(), timeout=POOL_READY_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                ray.util.remove_placement_group(pg)
+                raise RuntimeError(
+                    f"group {self.group!r}: the Ray cluster cannot place a pool of {self.executor.num_slots} slots "
+                    f"of {bundle} on one node within {POOL_READY_TIMEOUT_S:.0f} s"
+                ) from None
+            self._pool = (device_resource, PoolPlacement(pg, colocate, self.executor.num_slots))
+        if self._pool[0] != device_resource:
+            raise ValueError(
+                f"group {self.group!r} pools {self._pool[0]} slots; a pipeline on {device_resource} cannot join it"
+            )
+        return replace(self._pool[1], first_slot=self.executor.home(pipeline)[0])
+
+    async def placed(self, pipeline: str, workers: list[dict]) -> None:
+        """A pipeline reports where its workers went (each: ``placement_group_id``, ``node_id``)."""
+        self._placed[pipeline] = list(workers)
+
+    def placement(self) -> dict:
+        """The pool's placement group id and where every pipeline's workers are."""
+        pool = None if self._pool is None else self._pool[1]
+        return {
+            "placement_group_id": None if pool is None else pool.placement_group.id.hex(),
+            "num_slots": self.executor.num_slots,
+            "max_colocate_count": None if pool is None else pool.max_colocate_count,
+            "pipelines": dict(self._placed),
+        }
+
+    async def acquire(self, pipeline: str, step: int, stage: str) -> dict:
+        """Wait until ``stage`` of ``step`` is granted; return the grant."""
+        key = (pipeline, step, stage)
+        event = self._events.setdefault(key, asyncio.Event())
+        self._deliver(self.executor.request(pipeline, step, stage, self._now()))
+        await event.wait()
+        self._events.pop(key, None)
+        if key not in self._grants:
+            raise RuntimeError(
+                f"{pipeline} left group {self.group} while waiting for {stage} of step {step}: "
+                f"{self.executor.left.get(pipeline, 'removed')}"
+            )
+        return asdict(self._grants.pop(key))
+
+    async def release(self, pipeline: str, step: int, stage: str, finish_offsets_s: tuple[float, ...] = ()) -> None:
+        """``stage`` of ``step`` ended (a rollout: with when each response finished, seconds after its grant)."""
+        self._deliver(self.executor.finish(pipeline, step, stage, self._now(), tuple(finish_offsets_s)))
+
+    async def report_replicas(self, pipeline: str, step: int, replicas: list[dict]) -> list[dict]:
+        """A running rollout's replicas now (``ReplicaReport`` fields by rank); returns the migration orders the
+        policy made for this pipeline (each once), to run through its migrator and confirm with ``migrated``."""
+        reports = [ReplicaReport(**r) for r in replicas]
+        grants, orders = self.executor.report_replicas(pipeline, step, reports, self._now())
+        self._deliver(grants)
+        return [asdict(o) for o in orders]
+
+    async def migrated(self, pipeline: str, step: int, sources: list[int]) -> None:
+        """The pipeline moved every request off replica ranks ``sources``: their slots go back to the pool."""
+        self._deliver(self.executor.migrated(pipeline, step, tuple(sources), self._now()))
+
+    async def leave(self, pipeline: str, reason: str = "finished") -> None:
+        """Leave the group (a finished pipeline); its leases, if any, go back to the pool."""
+        self._owners.pop(pipeline, None)
+        self._deliver(self.executor.leave(pipeline, self._now(), reason))
+        for key, event in list(self._events.items()):
+            if key[0] == pipeline:  # wake its waiting acquire, which then raises
+                event.set()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.watchdog_s)
+            for name, owner in list(self._owners.items()):
+                try:
+                    await asyncio.wait_for(owner.__ray_ready__.remote(), timeout=30 * self.watchdog_s)
+                except asyncio.TimeoutError:
+                    continue  # a loaded machine answers late; only a dead actor counts
+                except ray.exceptions.RayActorError as err:
+                    logger.warning("pipeline %s of group %s is gone (%s); reclaiming its leases", name, self.group, err)
+                    await self.leave(name, reason=f"crashed: {type(err).__name__}")
+
+    def status(self) -> dict:
+        ex = self.executor
+        return {
+            "group": self.group,
+            "num_slots": ex.num_slots,
+            "policy": ex.policy_name,
+            "pipelines": {
+                name: {
+                    "steps": ps.spec.steps,
+                    "steps_done": ps.steps_done,
+                    "running": [f"{stage} of step {step}" for step, stage in ps.running],
+                    "waiting": None if ps.requested is None else f"{ps.requested[1]} of step {ps.requested[0]}",
+                }
+                for name, ps in ex.pipes.items()
+            },
+            "left": dict(ex.left),
+            "left_steps": dict(ex.left_steps),
+            "free_slots": ex.free_slots(),
+            "errors": dict(self.errors),
+            "policy_errors": list(ex.policy_errors[-5:]),
+        }
+
+    def history(self) -> list[dict]:
+        """Every finished stage as the policy's predictor sees it (rollouts with their live-batch curve)."""
+        return [asdict(h) for h in self.executor.history]
+
+    def trace(self) -> list[dict]:
+        """Every lease held so far (finished ones and those still running up to now), one slice per segment of
+        constant share."""
+        now = self._now()
+        done = [asdict(s) for s in self.executor.slices]
+        return done + [{**asdict(s), "running": True} for s in self.executor.open_slices(now)]
+
+
+class Presence:
+    """A pipeline's token of life: an idle actor its trainer creates, so it dies with the trainer (Ray kills the
+    actors a dead worker owns). The scheduler pings it; the trainer itself is too busy running ``fit`` to answer."""
+
+    def alive(self) -> bool:
+        return True
+
+
+def get_scheduler(
+    group: str,
+    num_slots: int | None = None,
+    gpu: GPUSpec | None = None,
+    policy: str = "jigsaw",
+    max_pipelines: int = 4,
+):
+    """The group's scheduler actor: found by name, or created (detached) when ``num_slots`` and ``gpu`` are
+    given. Ray must be initialised."""
+    name = actor_name(group)
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        if num_slots is None or gpu is None:
+            raise LookupError(f"no multiplexing group {group!r} is running (actor {name} in {NAMESPACE})") from None
+    return (
+        ray.remote(MuxScheduler)
+        .options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0)
+        .remote(group, num_slots, gpu, policy, max_pipelines)
+    )
