@@ -62,23 +62,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     trace_path = _writable(args.trace, "--trace")
     plot_path = _writable(args.plot, "--plot")
 
-    from jigsaw_verl.report.table import format_report
+    from jigsaw_verl.sim.table import format_report
 
     started = time.perf_counter()
     report = Runner(workload, progress=_progress).report(names)
     print(format_report(report))
+    timelines = {name: r.timeline() for name, r in report.results.items()}
     if json_path:
         json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
         _progress(f"wrote {json_path}")
     if trace_path:
         from jigsaw_verl.report.trace import write_trace
 
-        write_trace(report.results, trace_path)
+        write_trace(timelines, trace_path)
         _progress(f"wrote {trace_path} (open in ui.perfetto.dev)")
     if plot_path:
         from jigsaw_verl.report.plot import write_plot
 
-        write_plot(report.results, plot_path, title=workload.name)
+        write_plot(timelines, plot_path, title=workload.name)
         _progress(f"wrote {plot_path}")
     _progress(f"done in {time.perf_counter() - started:.1f} s")
     return 0

@@ -25,7 +25,8 @@ import numpy as np
 
 from jigsaw_verl.model.spec import workload_from_dict
 from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
-from jigsaw_verl.policy.jigsaw.lookahead import JigsawConfig, LookAheadPolicy
+from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
+from jigsaw_verl.policy.jigsaw.lookahead import LookAheadPolicy
 from jigsaw_verl.sim.predictor_report import predictor_error
 from jigsaw_verl.sim.runner import Runner
 from jigsaw_verl.sim.simulator import Simulator
@@ -116,10 +117,10 @@ def decision_latency(num_gpus: int, pipelines: int, samples: int = 30, repeats: 
     consecutive calls see different snapshots, as in a run), and its median counts: one call's time, without the
     spikes of other processes preempting this one on a shared machine."""
     w = workload_from_dict(synthetic(num_gpus, pipelines), f"synthetic-{num_gpus}x{pipelines}")
-    greedy = LookAheadPolicy(w, JigsawConfig(horizon=0, migration=False), name="greedy")
-    jigsaw = LookAheadPolicy(w, JigsawConfig(), name="jigsaw")
+    greedy = LookAheadPolicy(w, JigsawKnobs(horizon=0, migration=False), name="greedy")
+    jigsaw = LookAheadPolicy(w, JigsawKnobs(), name="jigsaw")
     for p in w.pipelines:  # priors are built once per pipeline at first use, not per decision
-        jigsaw.pred.prior(p.name)
+        jigsaw.planning.pred.prior(p.name)
     snaps, began = [], time.perf_counter()
     inner = greedy.schedule
 

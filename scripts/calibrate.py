@@ -22,7 +22,7 @@ import sys
 from jigsaw_verl.model.cost_model import CostModel
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.spec import workload_from_dict
-from jigsaw_verl.policy.catalog import POLICIES
+from jigsaw_verl.policy.registry import POLICIES
 from jigsaw_verl.sim.simulator import Simulator
 
 TOLERANCE_POINTS = 10.0
@@ -72,7 +72,7 @@ def calibration_workloads(steps: int) -> dict[str, tuple[dict, float]]:
 
 def rollout_share(workload_dict: dict) -> dict:
     w = workload_from_dict(workload_dict, workload_dict["name"])
-    (policy,) = POLICIES.get("verl-seq")(w)
+    (policy,) = POLICIES.get("verl-seq").build(w)
     r = Simulator(w, policy, CostModel(w.cluster.gpu)).run()
     per_stage: dict[str, float] = {}
     for s in r.stages:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
-from jigsaw_verl.policy.catalog import POLICIES
+from jigsaw_verl.policy.registry import POLICIES
 from jigsaw_verl.sim.runner import Runner
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "sim_results.json"

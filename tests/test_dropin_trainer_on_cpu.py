@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from jigsaw_verl.integration.settings import JigsawSettings, packaged_defaults
 from jigsaw_verl.integration.trainer.timing import CORE_STAGE, StageTimer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,8 +93,8 @@ def test_cfg_job_prints_verl_config_and_jigsaw_group():
     assert r.returncode == 0, r.stderr[-2000:]
     cfg = yaml.safe_load(r.stdout)
     assert {"actor_rollout_ref", "critic", "data", "algorithm", "trainer", "reward"} <= set(cfg)
-    assert cfg["jigsaw"]["enable"] is False
-    assert cfg["jigsaw"]["migration"] == {"enable": False, "tail_threshold": 4, "poll_s": 0.2}
+    assert cfg["jigsaw"] == packaged_defaults() and cfg["jigsaw"]["enable"] is False  # the group, as the YAML has it
+    assert JigsawSettings.from_config(cfg) == JigsawSettings.from_config(None)
     assert "ray init" not in r.stdout + r.stderr
 
 

@@ -7,16 +7,16 @@ import json
 import pytest
 from conftest import tiny_pipeline, tiny_workload_dict
 from schedule_checks import check_all, check_no_gpu_oversubscribed
-from test_simulator_on_cpu import WORKLOADS
+from test_simulator_on_cpu import WORKLOADS, configurations
 
 from jigsaw_verl.model.cost_model import CostModel
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.rollout_engine import ReplicaEngine, Request
 from jigsaw_verl.model.spec import SpecError, workload_from_dict
-from jigsaw_verl.policy.catalog import POLICIES
 from jigsaw_verl.policy.interface import Migrate, ReplicaView, SchedulerOutput, StageTiming, StartStage
 from jigsaw_verl.policy.jigsaw.interference import InterferenceTable
-from jigsaw_verl.policy.jigsaw.lookahead import JigsawConfig, LookAheadPolicy
+from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
+from jigsaw_verl.policy.jigsaw.lookahead import LookAheadPolicy
 from jigsaw_verl.policy.jigsaw.migration_planner import plan_migration
 from jigsaw_verl.sim.predictor_report import predictor_error
 from jigsaw_verl.sim.simulator import SimulationError, Simulator
@@ -36,7 +36,7 @@ TAILS = tiny_workload_dict(
 @pytest.mark.parametrize("wname", sorted(WORKLOADS) + ["tails"])
 def test_schedules_are_valid(policy, wname):
     w = workload_from_dict(TAILS if wname == "tails" else WORKLOADS[wname], wname)
-    (c,) = POLICIES.get(policy)(w)
+    (c,) = configurations(policy, w)
     r = Simulator(w, c).run()
     check_all(w, r)
     assert all(s == 0 for p, s in r.staleness.items() if w.pipeline(p).mode == "sync")  # on-policy as declared
@@ -44,22 +44,22 @@ def test_schedules_are_valid(policy, wname):
 
 def test_horizon_zero_is_greedy():
     w = workload_from_dict(TAILS, "tails")
-    (greedy,) = POLICIES.get("greedy")(w)
-    zero = LookAheadPolicy(w, JigsawConfig(horizon=0), name="jigsaw")
+    (greedy,) = configurations("greedy", w)
+    zero = LookAheadPolicy(w, JigsawKnobs(horizon=0), name="jigsaw")
     a, b = Simulator(w, greedy).run(), Simulator(w, zero).run()
     assert a.makespan_s == b.makespan_s and a.slices == b.slices and a.stages == b.stages
 
 
 def test_deterministic():
     w = workload_from_dict(WORKLOADS["async-late-arrival"])
-    (c,) = POLICIES.get("jigsaw")(w)
+    (c,) = configurations("jigsaw", w)
     a, b = Simulator(w, c).run(), Simulator(w, c).run()
     assert a.makespan_s == b.makespan_s and a.slices == b.slices and a.migrations == b.migrations
 
 
 def test_greedy_colocates_within_shares():
     w = workload_from_dict(TAILS, "tails")
-    (c,) = POLICIES.get("greedy")(w)
+    (c,) = configurations("greedy", w)
     r = Simulator(w, c).run()
     shared = [s for s in r.slices if s.sm_shares]
     assert shared, "the tail workload should make greedy co-locate"
@@ -75,7 +75,7 @@ class MigratingPolicy:
     detailed_snapshot = True
 
     def __init__(self, w):
-        self.inner = LookAheadPolicy(w, JigsawConfig(horizon=0, colocation=False), name="migrating")
+        self.inner = LookAheadPolicy(w, JigsawKnobs(horizon=0, colocation=False), name="migrating")
         self.name, self.config = "migrating", "test"
 
     def mode(self, pipeline):
@@ -108,7 +108,7 @@ def test_simulator_rejects_bad_actions():
             self.actions, self.done = actions, False
 
         def mode(self, pipeline):
-            return POLICIES.get("greedy")(w)[0].mode(pipeline)
+            return configurations("greedy", w)[0].mode(pipeline)
 
         def schedule(self, snap):
             if self.done:
@@ -172,8 +172,8 @@ def test_interference_table_file_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="rates.compute|memory"):
         InterferenceTable.load(tmp_path / "bad.json")
-    cfg = JigsawConfig(interference_file=str(tmp_path / "t.json"))
-    assert LookAheadPolicy(w, cfg, name="jigsaw").tail_share == share
+    cfg = JigsawKnobs(interference_file=str(tmp_path / "t.json"))
+    assert LookAheadPolicy(w, cfg, name="jigsaw").planning.tail_share == share
 
 
 def test_weight_and_latency_limit_keys():
@@ -181,7 +181,7 @@ def test_weight_and_latency_limit_keys():
     w = workload_from_dict(d)
     assert w.pipeline("a").weight == 2.0 and w.pipeline("a").max_latency_inflation == 1.5
     assert w.pipeline("b").weight == 1.0 and w.pipeline("b").max_latency_inflation is None
-    (c,) = POLICIES.get("jigsaw")(w)
+    (c,) = configurations("jigsaw", w)
     check_all(w, Simulator(w, c).run())
     for key, value in (("weight", 0), ("max_latency_inflation", 0.5), ("weight", "high")):
         bad = tiny_workload_dict(pipelines=[tiny_pipeline("a", **{key: value}), tiny_pipeline("b")])
@@ -191,7 +191,7 @@ def test_weight_and_latency_limit_keys():
 
 def test_predictor_error_is_reported():
     w = workload_from_dict(TAILS, "tails")
-    (c,) = POLICIES.get("jigsaw")(w)
+    (c,) = configurations("jigsaw", w)
     err = predictor_error(w, Simulator(w, c).run())
     assert err.samples[ROLLOUT] == sum(p.steps - 1 for p in w.pipelines)
     assert all(v >= 0 for v in err.mean.values())
@@ -199,14 +199,14 @@ def test_predictor_error_is_reported():
 
 def test_corrections_are_reused_only_for_the_same_history():
     w = workload_from_dict(TAILS, "tails")
-    r = Simulator(w, POLICIES.get("greedy")(w)[0]).run()
-    pol = LookAheadPolicy(w, JigsawConfig(), name="jigsaw")
+    r = Simulator(w, configurations("greedy", w)[0]).run()
+    pol = LookAheadPolicy(w, JigsawKnobs(), name="jigsaw")
     history = tuple(
         StageTiming(pipeline=s.pipeline, step=s.step, stage=s.stage, start_s=s.start_s, end_s=s.end_s, gpus=s.gpus)
         for s in r.stages
     )
-    fresh = LookAheadPolicy(w, JigsawConfig(), name="jigsaw").pred.corrections(history)
-    assert pol.pred.corrections(history) == fresh == pol.pred.corrections(history)
-    shorter = pol.pred.corrections(history[:-4])
-    assert shorter == LookAheadPolicy(w, JigsawConfig(), name="jigsaw").pred.corrections(history[:-4])
-    assert pol.pred.corrections(history) == fresh
+    fresh = LookAheadPolicy(w, JigsawKnobs(), name="jigsaw").planning.pred.corrections(history)
+    assert pol.planning.pred.corrections(history) == fresh == pol.planning.pred.corrections(history)
+    shorter = pol.planning.pred.corrections(history[:-4])
+    assert shorter == LookAheadPolicy(w, JigsawKnobs(), name="jigsaw").planning.pred.corrections(history[:-4])
+    assert pol.planning.pred.corrections(history) == fresh

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from jigsaw_verl.integration.cpu.assets import build_tiny_assets
-from jigsaw_verl.integration.pipeline_spec import CPU_SLOT, pipeline_spec_from_verl
+from jigsaw_verl.integration.pipeline_spec import pipeline_spec_from_verl
 from jigsaw_verl.model.graph import STAGES, WEIGHT_SYNC
-from jigsaw_verl.policy.catalog import POLICIES
-from jigsaw_verl.policy.interface import Migrate, SchedulerOutput, StartStage
-from jigsaw_verl.runtime.executor import LiveExecutor, MigrationOrder, PoolTooSmall, ReplicaReport
+from jigsaw_verl.model.slots import CPU_SLOT
+from jigsaw_verl.policy.interface import ExecutionMode, Migrate, SchedulerOutput, StartStage
+from jigsaw_verl.runtime.executor import LiveExecutor, MigrationOrder, PolicyRefused, PoolTooSmall, ReplicaReport
+from jigsaw_verl.runtime.live_policy import live_policy_factory
 
 DURATION = {"rollout": 3.0, "logprob": 1.0, "update": 2.0, "weight_sync": 0.5}
 
@@ -23,6 +24,10 @@ def _spec(name: str, steps: int = 3):
         "trainer": {"total_training_steps": steps},
     }  # fmt: skip
     return pipeline_spec_from_verl(name, config)
+
+
+def _executor(slots: int, policy: str = "jigsaw") -> LiveExecutor:
+    return LiveExecutor(slots, CPU_SLOT, live_policy_factory(policy), policy_name=policy)
 
 
 def _run(ex: LiveExecutor, names: list[str], steps: int = 3, crash: str | None = None):
@@ -64,7 +69,7 @@ def _check_leases(ex: LiveExecutor):
 
 @pytest.mark.parametrize("policy", ["jigsaw", "greedy"])
 def test_two_pipelines_run_every_stage_in_order_without_oversubscribing(policy):
-    ex = LiveExecutor(2, CPU_SLOT, policy=policy)
+    ex = _executor(2, policy)
     for n in ("a", "b"):
         ex.join(_spec(n), 2, 0.0)
     finished = _run(ex, ["a", "b"])
@@ -80,7 +85,7 @@ def test_two_pipelines_run_every_stage_in_order_without_oversubscribing(policy):
 
 
 def test_a_pipeline_too_big_for_the_pool_is_refused_alone():
-    ex = LiveExecutor(2, CPU_SLOT)
+    ex = _executor(2)
     ex.join(_spec("a"), 2, 0.0)
     with pytest.raises(PoolTooSmall, match="pipeline 'big' needs 4 slots but the group's pool has 2"):
         ex.join(_spec("big"), 4, 0.0)
@@ -89,7 +94,7 @@ def test_a_pipeline_too_big_for_the_pool_is_refused_alone():
 
 
 def test_a_crashed_pipeline_gives_its_leases_back_and_the_other_finishes():
-    ex = LiveExecutor(2, CPU_SLOT)
+    ex = _executor(2)
     for n in ("a", "b"):
         ex.join(_spec(n), 2, 0.0)
     finished = _run(ex, ["a", "b"], crash="a")
@@ -99,7 +104,7 @@ def test_a_crashed_pipeline_gives_its_leases_back_and_the_other_finishes():
 
 
 def test_bad_requests_are_refused():
-    ex = LiveExecutor(2, CPU_SLOT)
+    ex = _executor(2)
     ex.join(_spec("a"), 2, 0.0)
     with pytest.raises(KeyError, match="'zz' has not joined"):
         ex.request("zz", 0, "rollout", 0.0)
@@ -109,12 +114,12 @@ def test_bad_requests_are_refused():
         ex.join(_spec("a"), 2, 0.0)
     with pytest.raises(ValueError, match="not granted"):
         ex.finish("a", 0, "update", 0.0)
-    with pytest.raises(KeyError, match="nope"):
-        LiveExecutor(2, CPU_SLOT, policy="nope")
+    with pytest.raises(PolicyRefused, match="jigsaw.mux.policy='nope' is not a registered policy"):
+        live_policy_factory("nope")
 
 
 def test_homes_spread_pipelines_over_the_pool_and_every_grant_is_on_the_home():
-    ex = LiveExecutor(4, CPU_SLOT)
+    ex = _executor(4)
     for n, slots in (("a", 2), ("b", 2), ("c", 1), ("d", 3)):
         ex.join(_spec(n), slots, 0.0)
     assert [ex.home(n) for n in "abcd"] == [(0, 1), (2, 3), (0,), (1, 2, 3)]
@@ -138,6 +143,9 @@ class _MigrateForTheWaiting:
     def __init__(self, homes):
         self.homes = homes
 
+    def mode(self, pipeline):
+        return ExecutionMode()
+
     def schedule(self, snap):
         actions = []
         waiting = {r.pipeline for r in snap.ready}
@@ -159,32 +167,28 @@ class _MigrateForTheWaiting:
 
 def test_a_planned_migration_is_ordered_then_frees_the_sources_slots_for_the_waiting_stage():
     homes = {"a": (0, 1), "b": (0,)}
-    POLICIES.register("test-migrate-for-the-waiting")(lambda workload: [_MigrateForTheWaiting(homes)])
-    try:
-        ex = LiveExecutor(2, CPU_SLOT, policy="test-migrate-for-the-waiting")
-        ex.join(_spec("a"), 2, 0.0)
-        ex.join(_spec("b"), 1, 0.0)
-        assert (ex.home("a"), ex.home("b")) == (homes["a"], homes["b"])
-        assert [g.gpus for g in ex.request("a", 0, "rollout", 0.0)] == [(0, 1)]
-        assert ex.request("b", 0, "rollout", 0.5) == []  # its home (slot 0) is a's
-        busy = [ReplicaReport(0, 3, 0, 300, 200), ReplicaReport(1, 2, 0, 250, 150)]
-        assert ex.report_replicas("a", 0, busy, 1.0) == ([], [])  # not in the tail: no order
-        tail = [ReplicaReport(0, 1, 0, 120, 90), ReplicaReport(1, 1, 0, 100, 70)]
-        grants, orders = ex.report_replicas("a", 0, tail, 2.0)
-        assert grants == [] and orders == [MigrationOrder("a", 0, sources=(0,), targets=(1,))]
-        # ordered once; the source stays leased until the pipeline says the move is done
-        assert ex.report_replicas("a", 0, tail[1:], 2.5) == ([], [])
-        assert ex.free_slots() == []
-        grants = ex.migrated("a", 0, (0,), 3.0)
-        assert [(g.pipeline, g.stage, g.gpus) for g in grants] == [("b", "rollout", (0,))]
-        assert ex.pipes["a"].running[(0, "rollout")].gpus == (1,)
-        # a's rollout finishes on its remaining replica; its history keeps the granted width and the live curve
-        ex.finish("a", 0, "rollout", 6.0, finish_offsets_s=(5.0, 1.0, 2.0))
-        timing = [h for h in ex.history if h.pipeline == "a"][0]
-        assert (timing.gpus, timing.finish_offsets_s, timing.start_s, timing.end_s) == (2, (1.0, 2.0, 5.0), 0.0, 6.0)
-        freed = [s for s in ex.slices if s.pipeline == "a" and s.gpus == (0,)]
-        assert [(s.start_s, s.end_s) for s in freed] == [(0.0, 3.0)]
-        _check_leases(ex)
-        assert not ex.policy_errors
-    finally:
-        POLICIES._items.pop("test-migrate-for-the-waiting", None)
+    ex = LiveExecutor(2, CPU_SLOT, lambda workload: _MigrateForTheWaiting(homes), policy_name="test")
+    ex.join(_spec("a"), 2, 0.0)
+    ex.join(_spec("b"), 1, 0.0)
+    assert (ex.home("a"), ex.home("b")) == (homes["a"], homes["b"])
+    assert [g.gpus for g in ex.request("a", 0, "rollout", 0.0)] == [(0, 1)]
+    assert ex.request("b", 0, "rollout", 0.5) == []  # its home (slot 0) is a's
+    busy = [ReplicaReport(0, 3, 0, 300, 200), ReplicaReport(1, 2, 0, 250, 150)]
+    assert ex.report_replicas("a", 0, busy, 1.0) == ([], [])  # not in the tail: no order
+    tail = [ReplicaReport(0, 1, 0, 120, 90), ReplicaReport(1, 1, 0, 100, 70)]
+    grants, orders = ex.report_replicas("a", 0, tail, 2.0)
+    assert grants == [] and orders == [MigrationOrder("a", 0, sources=(0,), targets=(1,))]
+    # ordered once; the source stays leased until the pipeline says the move is done
+    assert ex.report_replicas("a", 0, tail[1:], 2.5) == ([], [])
+    assert ex.free_slots() == []
+    grants = ex.migrated("a", 0, (0,), 3.0)
+    assert [(g.pipeline, g.stage, g.gpus) for g in grants] == [("b", "rollout", (0,))]
+    assert ex.pipes["a"].running[(0, "rollout")].gpus == (1,)
+    # a's rollout finishes on its remaining replica; its history keeps the granted width and the live curve
+    ex.finish("a", 0, "rollout", 6.0, finish_offsets_s=(5.0, 1.0, 2.0))
+    timing = [h for h in ex.history if h.pipeline == "a"][0]
+    assert (timing.gpus, timing.finish_offsets_s, timing.start_s, timing.end_s) == (2, (1.0, 2.0, 5.0), 0.0, 6.0)
+    freed = [s for s in ex.slices if s.pipeline == "a" and s.gpus == (0,)]
+    assert [(s.start_s, s.end_s) for s in freed] == [(0.0, 3.0)]
+    _check_leases(ex)
+    assert not ex.policy_errors

@@ -8,13 +8,14 @@ from conftest import TINY_MODEL
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from schedule_checks import check_all
+from test_simulator_on_cpu import configurations
 
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.memory import min_train_gpus
 from jigsaw_verl.model.spec import SpecError, WorkloadSpec, workload_from_dict
 from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
-from jigsaw_verl.policy.catalog import BASELINES, POLICIES
 from jigsaw_verl.policy.interface import ExecutionMode, SchedulerOutput, Snapshot, StartStage
+from jigsaw_verl.policy.registry import BASELINES
 from jigsaw_verl.sim.lower_bound import declared_staleness, lower_bound
 from jigsaw_verl.sim.simulator import Simulator
 
@@ -130,7 +131,7 @@ def _assert_above_bound(w, r):
 @given(small_workloads())
 def test_no_policy_beats_the_bound(w):
     for name in (*BASELINES, "greedy", "jigsaw"):
-        for c in POLICIES.get(name)(w):
+        for c in configurations(name, w):
             r = Simulator(w, c).run()
             check_all(w, r)
             _assert_above_bound(w, r)
@@ -182,7 +183,7 @@ def test_brute_force_enumerates_distinct_schedules():
 def test_bundled_workloads_respect_the_bound():
     for f in bundled_workloads():
         w = load_workload(f)
-        for c in POLICIES.get("verl")(w):
+        for c in configurations("verl", w):
             _assert_above_bound(w, Simulator(w, c).run())
 
 
@@ -207,6 +208,6 @@ def test_bound_is_tight_where_a_schedule_can_reach_it():
             ],
         }
     )
-    (c,) = POLICIES.get("verl-seq")(w)
+    (c,) = configurations("verl-seq", w)
     makespan, bound = Simulator(w, c).run().makespan_s, lower_bound(w).makespan_s
     assert bound <= makespan < 1.1 * bound

@@ -313,15 +313,13 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
 
     from test_live_executor_on_cpu import _MigrateForTheWaiting, _spec
 
-    from jigsaw_verl.integration.pipeline_spec import CPU_SLOT
     from jigsaw_verl.integration.rollout.tail_monitor import TailMonitor
-    from jigsaw_verl.policy.catalog import POLICIES
+    from jigsaw_verl.model.slots import CPU_SLOT
     from jigsaw_verl.runtime.executor import LiveExecutor, ReplicaReport
 
     LONG = 480
     homes = {"a": (0, 1), "b": (0,)}
-    POLICIES.register("test-migrate-for-the-waiting-live")(lambda workload: [_MigrateForTheWaiting(homes)])
-    ex = LiveExecutor(2, CPU_SLOT, policy="test-migrate-for-the-waiting-live")
+    ex = LiveExecutor(2, CPU_SLOT, lambda workload: _MigrateForTheWaiting(homes), policy_name="test")
     ex.join(_spec("a"), 2, 0.0)
     ex.join(_spec("b"), 1, 0.0)
     ex.request("a", 0, "rollout", 0.0)
@@ -359,10 +357,7 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
         finishes = await lb.take_finish_times.remote()
         return outputs, migrator.reports, await lb.get_all_servers.remote(), finishes
 
-    try:
-        outputs, reports, routable, finishes = asyncio.run(go())
-    finally:
-        POLICIES._items.pop("test-migrate-for-the-waiting-live", None)
+    outputs, reports, routable, finishes = asyncio.run(go())
     assert [len(o.token_ids) for o in outputs] == [LONG, LONG] + [2] * 14  # every request whole
     assert [(r.sources, r.targets) for r in reports] == [(("r0",), ("r1",))]
     assert reports[0].migrated_requests == 1 and routable == ["r1"]

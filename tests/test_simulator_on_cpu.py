@@ -1,4 +1,4 @@
-"""Every baseline produces a valid, deterministic schedule."""
+"""Every baseline produces a valid, deterministic schedule; the registry says what each policy needs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from conftest import tiny_pipeline, tiny_workload_dict
 from schedule_checks import check_all
 
 from jigsaw_verl.model.spec import workload_from_dict
-from jigsaw_verl.policy.catalog import BASELINES, POLICIES
+from jigsaw_verl.policy.interface import EXECUTION_FEATURES, features_of
+from jigsaw_verl.policy.registry import BASELINES, POLICIES, policies_needing_at_most
 from jigsaw_verl.sim.simulator import Simulator
+from jigsaw_verl.sim.split_search import fastest_split_alone
 
 WORKLOADS = {
     "two-sync": tiny_workload_dict(),
@@ -23,11 +25,16 @@ WORKLOADS = {
 }
 
 
+def configurations(name, w):
+    """Policy ``name``'s configurations on ``w``, built as the runner builds them."""
+    return POLICIES.get(name).build(w, split_search=fastest_split_alone)
+
+
 @pytest.mark.parametrize("policy", BASELINES)
 @pytest.mark.parametrize("wname", sorted(WORKLOADS))
 def test_every_configuration_is_valid(policy, wname):
     w = workload_from_dict(WORKLOADS[wname], wname)
-    configs = POLICIES.get(policy)(w)
+    configs = configurations(policy, w)
     assert configs or policy == "verl-split"
     for c in configs:
         check_all(w, Simulator(w, c).run())
@@ -36,13 +43,13 @@ def test_every_configuration_is_valid(policy, wname):
 def test_deterministic():
     w = workload_from_dict(WORKLOADS["async-late-arrival"])
     for policy in ("areal", "rollmux", "streamrl"):
-        (c, *_) = POLICIES.get(policy)(w)
+        (c, *_) = configurations(policy, w)
         a, b = Simulator(w, c).run(), Simulator(w, c).run()
         assert a.makespan_s == b.makespan_s and a.slices == b.slices and a.stages == b.stages
 
 
 def test_verl_seq_runs_jobs_one_after_another(tiny_workload):
-    (c,) = POLICIES.get("verl-seq")(tiny_workload)
+    (c,) = configurations("verl-seq", tiny_workload)
     r = Simulator(tiny_workload, c).run()
     assert min(s.start_s for s in r.stages if s.pipeline == "b") >= r.finish_s["a"]
     assert all(len(s.gpus) == tiny_workload.cluster.num_gpus or s.stage == "rollout" for s in r.slices)
@@ -52,6 +59,34 @@ def test_verl_seq_runs_jobs_one_after_another(tiny_workload):
 def test_finished_pipelines_release_device_memory(policy):
     """A finished job's state leaves the GPUs (it would otherwise shrink later replicas' KV caches)."""
     w = workload_from_dict(WORKLOADS["async-late-arrival"])
-    sim = Simulator(w, POLICIES.get(policy)(w)[0])
+    sim = Simulator(w, configurations(policy, w)[0])
     sim.run()
-    assert not any(sim.resident)
+    assert not any(sim.memory.resident)
+
+
+def test_every_entry_declares_the_features_its_configurations_use():
+    """On sync pipelines each configuration uses exactly what its entry needs (jigsaw's bounded staleness only
+    applies to pipelines declared async)."""
+    w = workload_from_dict(WORKLOADS["two-sync"], "two-sync")
+    for name in POLICIES.names():
+        entry = POLICIES.get(name)
+        assert entry.name == name and entry.description and entry.needs <= set(EXECUTION_FEATURES)
+        for c in configurations(name, w):
+            assert all(features_of(c.mode(p.name)) == entry.needs for p in w.pipelines), name
+
+
+def test_policies_needing_at_most():
+    everything = POLICIES.names()
+    assert policies_needing_at_most(frozenset(EXECUTION_FEATURES)) == everything
+    assert policies_needing_at_most(frozenset()) == [n for n in everything if n not in ("streamrl", "areal")]
+    assert "streamrl" in policies_needing_at_most(frozenset({"staleness", "streaming"}))
+    assert "areal" not in policies_needing_at_most(frozenset({"staleness", "streaming", "overlapping"}))
+
+
+def test_split_searching_policies_are_built_only_with_a_split_search():
+    w = workload_from_dict(WORKLOADS["two-sync"], "two-sync")
+    for name in ("streamrl", "areal"):
+        with pytest.raises(ValueError, match=f"policy '{name}' picks its rollout/training split by simulation"):
+            POLICIES.get(name).build(w)
+    with pytest.raises(KeyError, match="unknown policy 'nope'; known: areal, greedy"):
+        POLICIES.get("nope")

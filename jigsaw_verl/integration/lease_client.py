@@ -12,9 +12,16 @@ import time
 
 import ray
 
-from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name, mux_slots, pipeline_spec_from_verl, slot_spec
+from jigsaw_verl.integration.pipeline_spec import (
+    mux_pipeline_name,
+    mux_pool_slots,
+    mux_slots,
+    pipeline_spec_from_verl,
+)
+from jigsaw_verl.integration.settings import JigsawConfigError, MuxSettings
 from jigsaw_verl.model.graph import STAGES
-from jigsaw_verl.runtime.executor import PoolTooSmall
+from jigsaw_verl.model.slots import slot_spec
+from jigsaw_verl.runtime.executor import PolicyRefused, PoolTooSmall
 from jigsaw_verl.runtime.pool_placement import PoolPlacement
 from jigsaw_verl.runtime.scheduler import Presence, get_scheduler
 
@@ -23,25 +30,27 @@ class StageLeases:
     """Leases of one pipeline in a multiplexing group.
 
     Args:
-        config: the run's verl config with its ``jigsaw.mux`` group.
+        mux: the pipeline's ``jigsaw.mux`` settings.
+        config: the run's verl config (the trainer's device and GPUs, the planning spec's model, batch and steps).
     """
 
-    def __init__(self, config):
-        mux = config.jigsaw.mux
-        self.pipeline = mux_pipeline_name(config)
-        slots = mux_slots(config)
-        gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.get("gpu"))
-        pool = int(mux.get("pool_slots") or slots)
-        self.scheduler = get_scheduler(
-            str(mux.group), pool, gpu, str(mux.get("policy", "jigsaw")), int(mux.get("max_pipelines") or 4)
-        )
+    def __init__(self, mux: MuxSettings, config):
+        if not mux.group:
+            raise JigsawConfigError("jigsaw.enable=true needs jigsaw.mux.group: the multiplexing group to join")
+        self.pipeline = mux_pipeline_name(mux, config)
+        slots = mux_slots(mux, config)
+        gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.gpu)
+        pool = mux_pool_slots(mux, config)
+        self.scheduler = get_scheduler(mux.group, pool, gpu, mux.policy, mux.max_pipelines)
         spec = pipeline_spec_from_verl(self.pipeline, config)
         self.presence = ray.remote(Presence).options(num_cpus=0).remote()
         try:
-            ray.get(self.scheduler.join.remote(spec, slots, self.presence))
+            ray.get(self.scheduler.join.remote(spec, slots, self.presence, offload=mux.offload))
         except ray.exceptions.RayTaskError as err:
             if isinstance(err.cause, PoolTooSmall):
                 raise PoolTooSmall(f"jigsaw.mux.slots: {err.cause}") from None
+            if isinstance(err.cause, PolicyRefused):
+                raise PolicyRefused(str(err.cause)) from None
             raise
         self.current: tuple[int, str] | None = None
         self.granted_at = 0.0  # wall time of the held stage's grant

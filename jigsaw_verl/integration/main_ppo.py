@@ -13,98 +13,110 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-JIGSAW_KEYS = {"enable", "migration", "mux"}
-MIGRATION_KEYS = {"enable", "tail_threshold", "poll_s"}
-MUX_KEYS = {"group", "pipeline", "slots", "pool_slots", "policy", "gpu", "max_pipelines", "offload"}
-# the known keys of each level of the jigsaw group
-KNOWN_KEYS = {"jigsaw": JIGSAW_KEYS, "jigsaw.migration": MIGRATION_KEYS, "jigsaw.mux": MUX_KEYS}
+from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name, mux_slots
+from jigsaw_verl.integration.settings import (
+    KNOWN_KEYS,
+    JigsawConfigError,
+    JigsawSettings,
+    MuxSettings,
+    refuse_unknown,
+)
+
+# JigsawConfigError is imported from here by recipes (recipes/legacy_dropin/main.py)
+__all__ = ["JigsawConfigError", "check_jigsaw_config", "check_jigsaw_overrides", "check_mux_policy", "main", "prepare"]
 # environment the launcher gives a pipeline that its Ray actors need too
 FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH",)
 
 
-class JigsawConfigError(ValueError):
-    """A ``jigsaw.*`` key is unknown or not supported yet."""
-
-
-def _refuse_unknown(level: str, key: str) -> None:
-    known = KNOWN_KEYS[level]
-    if key not in known:
-        raise JigsawConfigError(f"unknown key {level}.{key} (known: {', '.join(sorted(known))})")
-
-
 def check_jigsaw_overrides(argv: list[str]) -> None:
     """Reject an unknown ``jigsaw.*`` command-line key before hydra does (hydra's own error is a six-line
-    traceback); the config checks below repeat this for keys that come from elsewhere."""
+    traceback); :meth:`JigsawSettings.from_config` repeats this for keys that come from elsewhere."""
     for arg in argv:
         key = arg.split("=", 1)[0].lstrip("+~")
         if "=" not in arg or not key.startswith("jigsaw."):
             continue
         parts = key.split(".")[1:]
-        _refuse_unknown("jigsaw", parts[0])
+        refuse_unknown("jigsaw", parts[0])
         if len(parts) > 1 and f"jigsaw.{parts[0]}" in KNOWN_KEYS:
-            _refuse_unknown(f"jigsaw.{parts[0]}", parts[1])
+            refuse_unknown(f"jigsaw.{parts[0]}", parts[1])
 
 
-def check_jigsaw_config(config: DictConfig) -> None:
-    for key in sorted(config.get("jigsaw", {})):
-        _refuse_unknown("jigsaw", key)
-    for level in ("migration", "mux"):
-        for key in sorted(config.jigsaw.get(level, {})):
-            _refuse_unknown(f"jigsaw.{level}", key)
-    if config.jigsaw.enable:
-        mux = config.jigsaw.get("mux", {})
-        if not mux.get("group"):
-            raise JigsawConfigError("jigsaw.enable=true needs jigsaw.mux.group: the multiplexing group to join")
-        if config.trainer.get("total_training_steps") is None:
-            raise JigsawConfigError("jigsaw.enable=true needs trainer.total_training_steps (the scheduler plans steps)")
-        from jigsaw_verl.policy.catalog import POLICIES
+def check_jigsaw_config(config: DictConfig) -> JigsawSettings:
+    """Parse the ``jigsaw`` group of ``config`` and check it against the rest of the verl config, before Ray.
 
-        if mux.get("policy", "jigsaw") not in POLICIES:
-            raise JigsawConfigError(
-                f"jigsaw.mux.policy={mux.policy!r} is unknown (known: {', '.join(sorted(POLICIES.names()))})"
-            )
-        from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name, mux_slots
+    Returns:
+        The run's :class:`JigsawSettings`.
 
-        slots, pool = mux_slots(config), mux.get("pool_slots")
-        if pool is not None and slots > int(pool):
-            raise JigsawConfigError(
-                f"jigsaw.mux.slots: pipeline {mux_pipeline_name(config)!r} needs {slots} slots "
-                f"(trainer.n_gpus_per_node x trainer.nnodes unless set) but group {mux.group!r} has a pool of "
-                f"{int(pool)}"
-            )
-        if mux.get("max_pipelines") is not None and int(mux.max_pipelines) < 1:
-            raise JigsawConfigError(f"jigsaw.mux.max_pipelines={mux.max_pipelines}: a group holds at least 1 pipeline")
-        # the pipeline's workers go into the group's one-node pool (mux.shared_pool); say so before Ray starts
-        if int(config.trainer.nnodes) != 1:
-            raise JigsawConfigError(
-                f"trainer.nnodes={config.trainer.nnodes}: a multiplexing group's pool is one node (jigsaw.enable=true)"
-            )
-        if config.reward.get("reward_model", {}).get("enable_resource_pool", False):
-            raise JigsawConfigError(
-                "reward.reward_model.enable_resource_pool=true: a multiplexed pipeline runs all its roles in the "
-                "group's pool (jigsaw.enable=true)"
-            )
-        if pool is not None and int(config.trainer.n_gpus_per_node) > int(pool):
-            raise JigsawConfigError(
-                f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}: pipeline {mux_pipeline_name(config)!r} "
-                f"places more workers than group {mux.group!r} has pool slots ({int(pool)})"
-            )
-        mode = config.trainer.v1.get("trainer_mode", "sync")
-        if mode not in ("sync", "jigsaw") or not config.trainer.get("use_v1", True):
-            raise JigsawConfigError(
-                f"jigsaw.enable=true runs verl's V1 trainer in mode jigsaw; trainer.v1.trainer_mode={mode!r} "
-                f"/ trainer.use_v1={config.trainer.get('use_v1')} is not supported with it"
-            )
-    migration = config.jigsaw.get("migration", {})
-    if migration.get("enable", False):
-        if int(migration.get("tail_threshold", 4)) < 1:
-            raise JigsawConfigError(f"jigsaw.migration.tail_threshold must be >= 1, got {migration.tail_threshold}")
+    Raises:
+        JigsawConfigError: one line naming the key at fault.
+    """
+    settings = JigsawSettings.from_config(config)
+    if settings.enable:
+        _check_mux(settings.mux, config)
+    if settings.migration.enable:
         mode = config.trainer.v1.get("trainer_mode", "sync")
         if mode not in ("sync", "jigsaw"):
             raise JigsawConfigError(
                 f"jigsaw.migration.enable=true runs trainer.v1.trainer_mode=jigsaw (sync + migration); "
                 f"trainer.v1.trainer_mode={mode!r} is not supported with it"
             )
+    return settings
+
+
+def check_mux_policy(policy: str) -> None:
+    """Refuse a ``jigsaw.mux.policy`` the registry does not know, or one the live runtime cannot run: a policy that
+    needs asynchronous execution (staleness, overlapping stages, interruptible rollouts) beyond the runtime's
+    :data:`~jigsaw_verl.runtime.live_policy.LIVE_FEATURES` (none yet)."""
+    from jigsaw_verl.policy.registry import POLICIES
+    from jigsaw_verl.runtime.live_policy import LIVE_FEATURES, live_policy_names
+
+    try:
+        record = POLICIES.get(policy)
+    except KeyError:
+        known = ", ".join(sorted(POLICIES.names()))
+        raise JigsawConfigError(f"jigsaw.mux.policy={policy!r} is unknown (known: {known})") from None
+    needs = record.needs - LIVE_FEATURES
+    if needs:
+        raise JigsawConfigError(
+            f"jigsaw.mux.policy={policy!r} needs asynchronous execution ({', '.join(sorted(needs))}), which the live "
+            f"runtime does not run yet; it can run: {', '.join(live_policy_names())}"
+        )
+
+
+def _check_mux(mux: MuxSettings, config: DictConfig) -> None:
+    """The checks of a multiplexed run (``jigsaw.enable=true``) against verl's own keys."""
+    if not mux.group:
+        raise JigsawConfigError("jigsaw.enable=true needs jigsaw.mux.group: the multiplexing group to join")
+    if config.trainer.get("total_training_steps") is None:
+        raise JigsawConfigError("jigsaw.enable=true needs trainer.total_training_steps (the scheduler plans steps)")
+    check_mux_policy(mux.policy)
+    slots, pool, name = mux_slots(mux, config), mux.pool_slots, mux_pipeline_name(mux, config)
+    if pool is not None and slots > pool:
+        raise JigsawConfigError(
+            f"jigsaw.mux.slots: pipeline {name!r} needs {slots} slots (trainer.n_gpus_per_node x trainer.nnodes "
+            f"unless set) but group {mux.group!r} has a pool of {pool}"
+        )
+    # the pipeline's workers go into the group's one-node pool (mux.shared_pool); say so before Ray starts
+    if int(config.trainer.nnodes) != 1:
+        raise JigsawConfigError(
+            f"trainer.nnodes={config.trainer.nnodes}: a multiplexing group's pool is one node (jigsaw.enable=true)"
+        )
+    if config.reward.get("reward_model", {}).get("enable_resource_pool", False):
+        raise JigsawConfigError(
+            "reward.reward_model.enable_resource_pool=true: a multiplexed pipeline runs all its roles in the "
+            "group's pool (jigsaw.enable=true)"
+        )
+    if pool is not None and int(config.trainer.n_gpus_per_node) > pool:
+        raise JigsawConfigError(
+            f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}: pipeline {name!r} "
+            f"places more workers than group {mux.group!r} has pool slots ({pool})"
+        )
+    mode = config.trainer.v1.get("trainer_mode", "sync")
+    if mode not in ("sync", "jigsaw") or not config.trainer.get("use_v1", True):
+        raise JigsawConfigError(
+            f"jigsaw.enable=true runs verl's V1 trainer in mode jigsaw; trainer.v1.trainer_mode={mode!r} "
+            f"/ trainer.use_v1={config.trainer.get('use_v1')} is not supported with it"
+        )
 
 
 def select_jigsaw_trainer(config: DictConfig) -> None:
@@ -130,23 +142,20 @@ def set_ray_env(config: DictConfig, name: str, value: str) -> None:
     OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{name}", value, force_add=True)
 
 
-def prepare(config: DictConfig) -> None:
-    """All checks and adjustments that must happen before verl is imported."""
-    check_jigsaw_config(config)
-    if (
-        config.jigsaw.enable
-        or config.jigsaw.get("migration", {}).get("enable", False)
-        or config.trainer.v1.get("trainer_mode") == "jigsaw"
-    ):
+def prepare(config: DictConfig) -> JigsawSettings:
+    """All checks and adjustments that must happen before verl is imported.
+
+    Returns:
+        The run's :class:`JigsawSettings` (parsed once, here).
+    """
+    settings = check_jigsaw_config(config)
+    if settings.enable or settings.migration.enable or config.trainer.v1.get("trainer_mode") == "jigsaw":
         select_jigsaw_trainer(config)
-    if config.jigsaw.enable:
+    if settings.enable:
         # pipelines of a group share a Ray cluster; each keeps its own TransferQueue
         # (patches/transfer_queue_namespace.py)
-        from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name
-
-        set_ray_env(
-            config, "JIGSAW_VERL_TQ_NAMESPACE", f"transfer_queue.{config.jigsaw.mux.group}.{mux_pipeline_name(config)}"
-        )
+        namespace = f"transfer_queue.{settings.mux.group}.{mux_pipeline_name(settings.mux, config)}"
+        set_ray_env(config, "JIGSAW_VERL_TQ_NAMESPACE", namespace)
     if config.trainer.get("device") == "cpu":
         from jigsaw_verl.integration.cpu.backend import prepare_cpu_run
 
@@ -161,10 +170,12 @@ def prepare(config: DictConfig) -> None:
     for name in FORWARDED_ENV:
         if name in os.environ:
             set_ray_env(config, name, os.environ[name])
+    return settings
 
 
 @hydra.main(config_path="config", config_name="jigsaw_ppo_trainer", version_base=None)
-def main(config: DictConfig) -> None:
+def hydra_main(config: DictConfig) -> None:
+    """hydra's entry: :func:`prepare` (bad input: one line on stderr, exit code 2), then verl's ``main_ppo``."""
     from jigsaw_verl.integration.cpu.backend import CPUConfigError
 
     try:
@@ -177,15 +188,15 @@ def main(config: DictConfig) -> None:
     verl_main(config)  # hydra's decorator passes a given config straight through
 
 
-def cli() -> None:
-    """``python -m jigsaw_verl.main_ppo``: the override check, then hydra."""
+def main() -> None:
+    """``python -m jigsaw_verl.main_ppo``: the command-line override check, then hydra (:func:`hydra_main`)."""
     try:
         check_jigsaw_overrides(sys.argv[1:])
     except JigsawConfigError as err:
         print(f"jigsaw_verl.main_ppo: error: {err}", file=sys.stderr)
         sys.exit(2)
-    main()
+    hydra_main()
 
 
 if __name__ == "__main__":
-    cli()
+    main()

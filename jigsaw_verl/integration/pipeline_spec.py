@@ -11,30 +11,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from jigsaw_verl.model.catalogue import GPUS, GiB, GPUSpec, model_from_hf_config
+from jigsaw_verl.model.catalogue import model_from_hf_config
 from jigsaw_verl.model.spec import LengthDist, PipelineSpec
 
-# One CPU slot of the CPU backend, as the cost model sees it: rough figures of a server core (bf16 GEMMs through
-# oneDNN, a share of DRAM bandwidth). They only seed the predictor; measured stage times replace them.
-CPU_SLOT = GPUSpec(
-    name="cpu-slot",
-    bf16_flops=50e9,
-    hbm_bytes_per_s=10e9,
-    memory_bytes=8 * GiB,
-    nvlink_bytes_per_s=5e9,
-    pcie_bytes_per_s=5e9,
-    nic_bytes_per_s=1e9,
-)
-
-
-def slot_spec(device: str, gpu_name: str | None = None) -> GPUSpec:
-    """The slot hardware: the CPU slot, or a catalogue GPU (``H100-80G``...)."""
-    if device == "cpu":
-        return CPU_SLOT
-    if gpu_name not in GPUS:
-        raise ValueError(f"jigsaw.mux.gpu: {gpu_name!r} is not in the GPU catalogue ({', '.join(sorted(GPUS))})")
-    return GPUS[gpu_name]
+if TYPE_CHECKING:
+    from jigsaw_verl.integration.settings import MuxSettings
 
 
 def _get(config, dotted: str, default=None):
@@ -46,15 +29,22 @@ def _get(config, dotted: str, default=None):
     return default if node is None else node
 
 
-def mux_pipeline_name(config) -> str:
-    """The pipeline's name in its group: ``jigsaw.mux.pipeline``, else ``trainer.experiment_name``."""
-    return str(_get(config, "jigsaw.mux.pipeline") or _get(config, "trainer.experiment_name"))
+def mux_pipeline_name(mux: MuxSettings, config) -> str:
+    """The pipeline's name in its group: ``jigsaw.mux.pipeline``, else ``trainer.experiment_name`` of ``config``."""
+    return str(mux.pipeline or _get(config, "trainer.experiment_name"))
 
 
-def mux_slots(config) -> int:
-    """The pool slots the pipeline's stages lease: ``jigsaw.mux.slots``, else the GPUs verl gives the run."""
-    slots = _get(config, "jigsaw.mux.slots")
-    return int(slots or _get(config, "trainer.n_gpus_per_node") * _get(config, "trainer.nnodes"))
+def mux_slots(mux: MuxSettings, config) -> int:
+    """The pool slots the pipeline's stages lease: ``jigsaw.mux.slots``, else the GPUs verl gives the run
+    (``trainer.n_gpus_per_node * trainer.nnodes`` of ``config``)."""
+    if mux.slots is not None:
+        return mux.slots
+    return int(_get(config, "trainer.n_gpus_per_node")) * int(_get(config, "trainer.nnodes"))
+
+
+def mux_pool_slots(mux: MuxSettings, config) -> int:
+    """The slots of the group's pool when this pipeline creates it: ``jigsaw.mux.pool_slots``, else its own."""
+    return mux.pool_slots if mux.pool_slots is not None else mux_slots(mux, config)
 
 
 def pipeline_spec_from_verl(name: str, config) -> PipelineSpec:

@@ -3,10 +3,10 @@
 Nodes are ``(pipeline, step, stage, sub-stage, worker)``. Rollout is cut per replica into prefill and decode
 phases bucketed by the replica's live batch (:func:`~jigsaw_verl.model.rollout_engine.decode_phase`), so
 imbalance between replicas and the long tail inside one are visible. Log-prob passes and updates are cut into
-micro-batches. Edges are data dependencies.
+micro-batches. The dependencies between them depend on how a pipeline runs; the executors enforce them.
 
-The node builders here are shared: the simulator runs exactly these nodes, and the predictor of the scheduler
-builds whole graphs from predicted lengths with :func:`build_step_graph`.
+The node builders here are shared: the simulator runs exactly these nodes, and the scheduler's predictor prices
+its prior step with them (lengths drawn from the spec, never the run's).
 """
 
 from __future__ import annotations
@@ -58,30 +58,6 @@ class SubStage:
 
 def _bound(work: Work) -> str:
     return "memory" if work.memory_s > work.compute_s else "compute"
-
-
-@dataclass(frozen=True)
-class SubStageGraph:
-    """Nodes and dependency edges ``(before, after)`` by node index."""
-
-    nodes: tuple[SubStage, ...]
-    edges: tuple[tuple[int, int], ...]
-
-    def critical_path_s(self) -> float:
-        """Longest chain of durations (nodes are in topological order by construction)."""
-        finish = [0.0] * len(self.nodes)
-        preds: dict[int, list[int]] = {}
-        for a, b in self.edges:
-            preds.setdefault(b, []).append(a)
-        for i, n in enumerate(self.nodes):
-            finish[i] = max((finish[p] for p in preds.get(i, ())), default=0.0) + n.duration_s
-        return max(finish, default=0.0)
-
-    def total_work(self) -> Work:
-        total = Work()
-        for n in self.nodes:
-            total = total + n.work
-        return total
 
 
 # ---- gang stages ---------------------------------------------------------------------------------------------
@@ -239,49 +215,3 @@ def rollout_nodes(
                     chain.append(node)
         chains.append(chain)
     return chains
-
-
-def build_step_graph(
-    spec: PipelineSpec,
-    cost: CostModel,
-    samples: StepSamples,
-    *,
-    rollout_gpus: int,
-    train_gpus: int,
-    kv_capacity_tokens: int,
-    colocated: bool = True,
-) -> SubStageGraph:
-    """The sub-stage graph of one synchronous step: per-replica rollout chains -> reward and log-prob passes ->
-    advantage and updates -> weight sync."""
-    nodes: list[SubStage] = []
-    edges: list[tuple[int, int]] = []
-
-    def chain(items: list[SubStage], after: list[int]) -> list[int]:
-        prev = after
-        for n in items:
-            nodes.append(n)
-            edges.extend((p, len(nodes) - 1) for p in prev)
-            prev = [len(nodes) - 1]
-        return prev
-
-    tails: list[int] = []
-    for replica_chain in rollout_nodes(spec, cost, samples, rollout_gpus // spec.rollout_tp, kv_capacity_tokens):
-        tails += chain(replica_chain, [])
-    seq = (samples.prompt_len + samples.response_len).astype(np.int64)
-    tail = chain(logprob_nodes(spec, cost, samples.step, train_gpus, seq), tails)
-    tail = chain(update_nodes(spec, cost, samples.step, train_gpus, seq), tail)
-    chain(
-        [
-            weight_sync_node(
-                spec,
-                cost,
-                samples.step,
-                train_gpus,
-                colocated=colocated,
-                rollout_gpus=rollout_gpus,
-                same_node=rollout_gpus + (0 if colocated else train_gpus) <= cost.gpus_per_node,
-            )
-        ],
-        tail,
-    )
-    return SubStageGraph(tuple(nodes), tuple(edges))

@@ -5,7 +5,8 @@ stage became ready, GPUs were freed, a request finished, a pipeline arrived. The
 and returns a :class:`SchedulerOutput` listing what to start where (:class:`StartStage`, exclusively or
 co-located with a share of each GPU) and which rollout replicas to merge (:class:`Migrate`). It never mutates
 the snapshot, reads a clock or does I/O, so the same policy object runs in simulation and live. Policies that
-search configurations (splits, orders) fix them at construction, from the workload alone.
+search configurations (splits, orders) fix them at construction, from the workload alone (a search that needs
+to simulate is handed the simulation by the executor that builds the policy).
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from jigsaw_verl.model.spec import WorkloadSpec
+# What an executor must be able to do for a policy beyond on-policy synchronous steps (one feature per
+# ExecutionMode field that departs from that): start a rollout from weights up to ``staleness`` versions old, stream
+# finished samples into the log-prob passes, let a rollout join replicas still generating the previous step, and
+# interrupt live requests with new weights (they re-prefill and go on).
+EXECUTION_FEATURES: tuple[str, ...] = ("staleness", "streaming", "overlapping", "interruptible")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +39,17 @@ class ExecutionMode:
     overlap_rollouts: bool = False
     interrupt_on_update: bool = False
     colocated: bool = True
+
+
+def features_of(mode: ExecutionMode) -> frozenset[str]:
+    """The :data:`EXECUTION_FEATURES` an executor needs to run a pipeline in ``mode``."""
+    used = {
+        "staleness": mode.staleness > 0,
+        "streaming": mode.stream_logprob,
+        "overlapping": mode.overlap_rollouts,
+        "interruptible": mode.interrupt_on_update,
+    }
+    return frozenset(f for f in EXECUTION_FEATURES if used[f])
 
 
 @dataclass(frozen=True)
@@ -236,10 +252,3 @@ class Policy(Protocol):
 
     def schedule(self, snapshot: Snapshot) -> SchedulerOutput:
         """Decide what starts now. Called by the executor after every change; must be pure."""
-
-
-class PolicyFactory(Protocol):
-    """What the policy registry holds: a callable that returns every configuration of the policy to try on a
-    workload; the executor reports the best (e.g. StreamRL's rollout/training split)."""
-
-    def __call__(self, workload: WorkloadSpec) -> list[Policy]: ...

@@ -1,4 +1,4 @@
-"""Utilisation plot: GPUs busy over time per policy, stacked by pipeline."""
+"""Utilisation plot of simulated and live runs: slots busy over time per run, stacked by pipeline."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jigsaw_verl.sim.simulator import SimResult
+from jigsaw_verl.pool.timeline import Timeline
 
 BINS = 400
 
 
-def busy_gpus(r: SimResult, pipelines: list[str], edges: np.ndarray) -> np.ndarray:
+def busy_gpus(r: Timeline, pipelines: list[str], edges: np.ndarray) -> np.ndarray:
     """Mean GPUs busy per time bin, one row per pipeline (driver-side CPU sub-stages are not busy)."""
     out = np.zeros((len(pipelines), len(edges) - 1))
     width = edges[1] - edges[0]
@@ -25,7 +25,7 @@ def busy_gpus(r: SimResult, pipelines: list[str], edges: np.ndarray) -> np.ndarr
     return out
 
 
-def write_plot(results: dict[str, SimResult], path: str | Path, *, title: str = "", ylabel: str = "GPUs busy") -> None:
+def write_plot(results: dict[str, Timeline], path: str | Path, *, title: str = "", ylabel: str = "GPUs busy") -> None:
     """A PNG with one panel per policy on a shared time axis."""
     import matplotlib
 
@@ -33,16 +33,16 @@ def write_plot(results: dict[str, SimResult], path: str | Path, *, title: str = 
     import matplotlib.pyplot as plt
 
     pipelines = sorted({s.pipeline for r in results.values() for s in r.slices})
-    horizon = max(r.makespan_s for r in results.values())
+    horizon = max(r.end_s for r in results.values())
     edges = np.linspace(0.0, horizon, BINS + 1)
     mids = (edges[:-1] + edges[1:]) / 2
     fig, axes = plt.subplots(len(results), 1, figsize=(11, 1.7 * len(results) + 0.8), sharex=True, squeeze=False)
     for ax, (name, r) in zip(axes[:, 0], results.items()):
         ax.stackplot(mids, busy_gpus(r, pipelines, edges), labels=pipelines, step="mid", alpha=0.85)
-        ax.axvline(r.makespan_s, color="k", lw=0.8, ls="--")
-        ax.set_ylim(0, r.num_gpus)
+        ax.axvline(r.end_s, color="k", lw=0.8, ls="--")
+        ax.set_ylim(0, r.num_slots)
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{name}: makespan {r.makespan_s:.0f} s", fontsize=9, loc="left")
+        ax.set_title(f"{name}: makespan {r.end_s:.0f} s", fontsize=9, loc="left")
     axes[0, 0].legend(loc="upper right", fontsize=8, ncol=len(pipelines))
     axes[-1, 0].set_xlabel("time (s)")
     if title:

@@ -1,20 +1,21 @@
-"""Chrome / Perfetto trace export: one process per policy, one track per GPU, one slice per sub-stage."""
+"""Chrome / Perfetto trace export of simulated and live runs: one process per run, one track per slot, one slice per
+sub-stage (simulated) or lease segment (live)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from jigsaw_verl.sim.simulator import SimResult
+from jigsaw_verl.pool.timeline import Timeline
 
 
-def trace_events(results: dict[str, SimResult]) -> list[dict]:
-    """Trace events (microseconds) for ``results``; slices are named ``pipeline/step/stage``."""
+def trace_events(timelines: dict[str, Timeline]) -> list[dict]:
+    """Trace events (microseconds) for ``timelines``; slices are named ``pipeline/step/stage``."""
     events: list[dict] = []
-    for pid, (name, r) in enumerate(results.items(), start=1):
-        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{name} ({r.config})"}})
-        for g in range(r.num_gpus):
-            events.append({"ph": "M", "pid": pid, "tid": g, "name": "thread_name", "args": {"name": f"GPU {g}"}})
+    for pid, (name, r) in enumerate(timelines.items(), start=1):
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{name} ({r.label})"}})
+        for g in range(r.num_slots):
+            events.append({"ph": "M", "pid": pid, "tid": g, "name": "thread_name", "args": {"name": f"slot {g}"}})
         for s in r.slices:
             for g in s.gpus:
                 events.append(
@@ -32,6 +33,6 @@ def trace_events(results: dict[str, SimResult]) -> list[dict]:
     return events
 
 
-def write_trace(results: dict[str, SimResult], path: str | Path) -> None:
+def write_trace(timelines: dict[str, Timeline], path: str | Path) -> None:
     """Write a trace that chrome://tracing and ui.perfetto.dev open."""
-    Path(path).write_text(json.dumps({"traceEvents": trace_events(results), "displayTimeUnit": "ms"}))
+    Path(path).write_text(json.dumps({"traceEvents": trace_events(timelines), "displayTimeUnit": "ms"}))

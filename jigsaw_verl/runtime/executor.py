@@ -1,40 +1,31 @@
-"""The live executor: runs a core scheduling policy over pipelines that really run, by granting leases.
+"""The live executor: runs a scheduling policy over pipelines that really run, by granting leases.
 
-The simulator (:mod:`jigsaw_verl.sim.simulator`) is one executor of the core policies; this is the other. Each
-joined pipeline asks for its next stage (``request``) and blocks until it is granted; it reports when the stage
-ends (``finish``). At every change the executor builds the same immutable
-:class:`~jigsaw_verl.policy.interface.Snapshot` the simulator builds, calls the policy's ``schedule`` and turns the
-:class:`~jigsaw_verl.policy.interface.StartStage` actions for requested stages into grants. The policy object is
-the one the simulator runs (``jigsaw_verl.policy.catalog.POLICIES``), built over a
-:class:`~jigsaw_verl.model.spec.WorkloadSpec` of the pipelines joined so far and rebuilt when one joins or leaves;
+The simulator (:mod:`jigsaw_verl.sim.simulator`) is one clock over the pool mechanism (:mod:`jigsaw_verl.pool`);
+this is the other. Each joined pipeline asks for its next stage (``request``) and blocks until it is granted; it
+reports when the stage ends (``finish``). At every change the executor builds the policy's
+:class:`~jigsaw_verl.policy.interface.Snapshot` with the pool's one builder, calls the policy's ``schedule`` and
+applies the :class:`~jigsaw_verl.policy.interface.StartStage` actions for requested stages through the pool's slot
+holds: a refusal means the stage waits. The policy is built by the factory the executor is given (over a
+:class:`~jigsaw_verl.model.spec.WorkloadSpec` of the pipelines joined so far, rebuilt when one joins or leaves);
 it learns the real stage times from the snapshot's ``history``.
 
 What differs from the simulator, and why:
-- A verl pipeline's worker groups are placed once, when it starts: rank ``r`` in the pool's slot
-  ``home[r]`` (its *home*, a contiguous run of slots the executor picks at join, spreading pipelines over the
-  pool). Every stage of it runs there, so the policy decides *when* a stage runs and whether it shares its slots
-  (``sm_share``); a grant is always on the pipeline's home. A planned start elsewhere is granted on the home when
-  the home can take it, and waits otherwise. The leases are thus where the work really is, and what keeps two
-  pipelines' stages from running on the same slots at full share. A share below 1 is granted on slots each held
-  by one other pipeline's lease (the policy's co-location, which checked the occupant can take a newcomer): the
-  occupant's share shrinks to the rest until the newcomer ends. Each hold keeps its share segments, so the
-  slices (``slices``, ``open_slices``) never sum to more than 1 on a slot.
-- A running rollout's replicas are what its pipeline reports (``report_replicas``: live, queued and context per
-  replica rank, from its load balancer). They become the snapshot's
-  :class:`~jigsaw_verl.policy.interface.ReplicaView` s and the rollout leases' replica ids, so the policy sees
-  tails as the simulator does: it may co-locate onto them and plan a
-  :class:`~jigsaw_verl.policy.interface.Migrate`. A ``Migrate`` becomes a :class:`MigrationOrder` the pipeline
-  takes with its next report and runs through its migrator; the source slots stay leased until the pipeline
-  says the migration is done (``migrated``), then the rollout's lease shrinks to the targets and the freed slots
-  go to whoever the policy picks. Replica ``r`` runs on home slots ``r * tp`` to ``(r + 1) * tp - 1`` (verl's
-  rollout replicas over its worker ranks).
-- A finished rollout reports when each response finished (``finish_offsets_s``, from the load balancer's
-  releases); that live-batch curve goes into the stage's history for the predictor.
+- A verl pipeline's worker groups are placed once, when it starts: rank ``r`` in the pool's slot ``home[r]`` (its
+  *home*, a contiguous run of slots the executor picks at join, spreading pipelines over the pool). Every stage of
+  it runs there, so the policy decides *when* a stage runs and whether it shares its slots (``sm_share``); a grant
+  is always on the pipeline's home, and waits while the home cannot take it.
+- Memory: what each slot holds is what the pipelines there have resident (:func:`stage_resident_bytes` of every
+  lease, plus the training state of a pipeline that keeps it on its devices between leases, ``offload=False``);
+  the snapshot's ``free_bytes`` say so, and a co-located grant that would not fit waits.
+- A running rollout's replicas are what its pipeline reports (``report_replicas``). They become the snapshot's
+  :class:`~jigsaw_verl.policy.interface.ReplicaView` s, so a ``Migrate`` becomes a :class:`MigrationOrder` the
+  pipeline runs through its migrator; the source slots stay leased until it says the migration is done
+  (``migrated``), then the rollout's lease shrinks to the targets. Replica ``r`` runs on home slots ``r * tp`` to
+  ``(r + 1) * tp - 1`` (verl's rollout replicas over its worker ranks).
 - verl publishes weights after the last step too; that sync is granted without asking the policy, whose graph
-  has no sync after the last step.
-- If nothing runs and the policy still defers every requested stage, no event would ever wake it: the oldest
-  request is granted on the pipeline's own width (``Grant.forced``) so the pool never deadlocks. A policy that
-  raises is logged (``policy_errors``) and treated the same way.
+  has no sync after the last step. If nothing runs and the policy defers every requested stage, the oldest request
+  is granted on the pipeline's home (``Grant.forced``) so the pool never deadlocks; a policy that raises is logged
+  (``policy_errors``) and treated the same way.
 
 No Ray, verl or torch here: tests drive it directly, and :mod:`.scheduler` wraps it in a Ray actor.
 """
@@ -42,20 +33,26 @@ No Ray, verl or torch here: tests drive it directly, and :mod:`.scheduler` wraps
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from jigsaw_verl.model.catalogue import GPUSpec
+from jigsaw_verl.model.footprint import stage_resident_bytes
 from jigsaw_verl.model.graph import ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
-from jigsaw_verl.model.memory import usable_bytes
+from jigsaw_verl.model.memory import rollout_weight_bytes, train_state_bytes, usable_bytes
 from jigsaw_verl.model.spec import ClusterSpec, PipelineSpec, WorkloadSpec
-from jigsaw_verl.policy.interface import (
-    Lease,
-    Migrate,
-    PipelineView,
-    ReadyStage,
-    ReplicaView,
-    Snapshot,
-    StageTiming,
+from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, ReplicaView, Snapshot, features_of
+from jigsaw_verl.pool.holds import Hold, Refusal, Segment, SlotHolds
+from jigsaw_verl.pool.progress import PipelineProgress
+from jigsaw_verl.pool.snapshot import ExecutorView, build_snapshot
+from jigsaw_verl.pool.timeline import Slice
+from jigsaw_verl.runtime.leases import (
+    Grant,
+    MigrationOrder,
+    PolicyRefused,
+    PoolTooSmall,
+    ReplicaReport,
+    lease_slices,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,163 +60,89 @@ logger = logging.getLogger(__name__)
 # a replica's id in the snapshot: pipeline index * stride + replica rank (unique within the group)
 REPLICA_ID_STRIDE = 10_000
 
-
-class PoolTooSmall(ValueError):
-    """A pipeline needs more slots than the group's pool has."""
+__all__ = ["Grant", "LiveExecutor", "MigrationOrder", "PolicyRefused", "PoolTooSmall", "ReplicaReport"]
 
 
-@dataclass(frozen=True)
-class Grant:
-    """Permission for ``pipeline`` to run ``stage`` of ``step`` now.
+@dataclass(eq=False)
+class _LivePipe:
+    """One joined pipeline: its progress (the pool's record) and what only the live executor tracks."""
 
-    Attributes:
-        pipeline: pipeline name.
-        step: step index.
-        stage: one of :data:`~jigsaw_verl.model.graph.STAGES`.
-        gpus: pool slots leased to it.
-        sm_share: share of each slot (1 = exclusive).
-        forced: granted without the policy (nothing else could ever wake the pool, or verl's post-training sync).
-        start_s: when it was granted, seconds since the group started.
-    """
-
-    pipeline: str
-    step: int
-    stage: str
-    gpus: tuple[int, ...]
-    sm_share: float = 1.0
-    forced: bool = False
-    start_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class LiveSlice:
-    """A stage that ran: the lease it held, from grant to finish, seconds since the group started."""
-
-    pipeline: str
-    step: int
-    stage: str
-    gpus: tuple[int, ...]
-    sm_share: float
-    start_s: float
-    end_s: float
-    forced: bool
-
-
-@dataclass(frozen=True)
-class ReplicaReport:
-    """One rollout replica as its pipeline reports it.
-
-    Attributes:
-        rank: the replica's rank in the pipeline's rollout (its position in verl's server list).
-        live: requests generating there.
-        queued: requests waiting for admission there.
-        context_tokens: prompt + generated tokens of its live requests.
-        generated_tokens: tokens its live requests generated so far.
-    """
-
-    rank: int
-    live: int
-    queued: int = 0
-    context_tokens: int = 0
-    generated_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class MigrationOrder:
-    """The policy's :class:`~jigsaw_verl.policy.interface.Migrate` in a pipeline's replica ranks: move every
-    request off ``sources`` onto ``targets`` (then report :meth:`LiveExecutor.migrated`)."""
-
-    pipeline: str
-    step: int
-    sources: tuple[int, ...]
-    targets: tuple[int, ...]
-
-
-@dataclass
-class _Held:
-    """One lease's hold on one slot: its current share since ``since`` (a co-located newcomer shrinks it; the
-    newcomer's end gives it back)."""
-
-    pipeline: str
-    step: int
-    stage: str
-    share: float
-    since: float
-    forced: bool
-
-
-@dataclass
-class _Pipe:
     spec: PipelineSpec
-    index: int
-    slots: int
-    arrival_s: float
+    progress: PipelineProgress
+    home: tuple[int, ...]
+    offload: bool
     requested: tuple[int, str] | None = None
     requested_s: float = 0.0
     running: dict[tuple[int, str], Grant] = field(default_factory=dict)
-    done: set[tuple[int, str]] = field(default_factory=set)
-    version: int = 0
-    steps_done: int = 0
+    holds: dict[tuple[int, str], Hold] = field(default_factory=dict)
     train_gpus: tuple[int, ...] = ()
-    home: tuple[int, ...] = ()
     # the running rollout's replicas, by rank, as last reported; ranks ordered away / already migrated away
     replicas: dict[int, ReplicaReport] = field(default_factory=dict)
     migrating: set[int] = field(default_factory=set)
     gone: set[int] = field(default_factory=set)
     orders: list[MigrationOrder] = field(default_factory=list)
 
-
-def _slices(holds: list[tuple[int, _Held]], end_s: float) -> list[LiveSlice]:
-    """``(slot, hold)`` pairs as slices ending at ``end_s``: one per segment (same lease, share and start) over all
-    its slots."""
-    merged: dict[tuple, list[int]] = {}
-    for g, h in holds:
-        merged.setdefault((h.pipeline, h.step, h.stage, h.share, h.since, h.forced), []).append(g)
-    return [
-        LiveSlice(pipeline, step, stage, tuple(sorted(gpus)), share, since, end_s, forced)
-        for (pipeline, step, stage, share, since, forced), gpus in merged.items()
-    ]
+    @property
+    def index(self) -> int:
+        return self.progress.index
 
 
 class LiveExecutor:
-    """Runs ``policy`` over the pipelines that join a pool of ``num_slots`` slots.
+    """Runs a policy over the pipelines that join a pool of ``num_slots`` slots.
 
     Args:
         num_slots: slots (GPUs, or CPU slots on the CPU backend) in the pool.
-        gpu: the slot's hardware figures for the policy's cost model (its predictor corrects them online).
-        policy: a name in ``jigsaw_verl.policy.catalog.POLICIES`` (``jigsaw``, ``greedy``, a baseline...).
-        seed: seed of the policy's predictor.
+        gpu: the slot's hardware figures for the policy's cost model and memory (its predictor corrects times).
+        policy_factory: builds the policy over the pipelines joined so far (one configuration).
+        policy_name: the policy's name, for messages.
     """
 
-    def __init__(self, num_slots: int, gpu: GPUSpec, *, policy: str = "jigsaw", seed: int = 0):
-        from jigsaw_verl.policy.catalog import POLICIES
-
+    def __init__(
+        self, num_slots: int, gpu: GPUSpec, policy_factory: Callable[[WorkloadSpec], Policy], *, policy_name: str
+    ):
         if num_slots < 1:
             raise ValueError(f"the pool needs at least one slot, got {num_slots}")
-        POLICIES.get(policy)  # unknown names fail here, before any pipeline joins
-        self.num_slots, self.gpu, self.policy_name, self.seed = num_slots, gpu, policy, seed
-        self.pipes: dict[str, _Pipe] = {}
-        self.leases: list[list[_Held]] = [[] for _ in range(num_slots)]
-        self.last: list[str | None] = [None] * num_slots
-        self.history: list[StageTiming] = []
-        self.slices: list[LiveSlice] = []
+        self.num_slots, self.gpu = num_slots, gpu
+        self.policy_factory, self.policy_name = policy_factory, policy_name
+        self.pipes: dict[str, _LivePipe] = {}
+        self.holds = SlotHolds(num_slots)
+        self.history: list = []
+        self.slices: list[Slice] = []
         self.left: dict[str, str] = {}
         self.left_steps: dict[str, int] = {}
-        self._policy = None
+        self._policy: Policy | None = None
         self._next_index = 0
         self.policy_errors: list[str] = []
 
     # ---- membership ------------------------------------------------------------------------------------------
-    def join(self, spec: PipelineSpec, slots: int, now: float) -> None:
-        """Add a pipeline that runs its stages on ``slots`` slots."""
+    def join(self, spec: PipelineSpec, slots: int, now: float, *, offload: bool = True) -> None:
+        """Add a pipeline that runs its stages on ``slots`` slots; ``offload``: it moves its training state off
+        the devices between leases (else that state stays resident on its home)."""
         if spec.name in self.pipes:
             raise ValueError(f"pipeline {spec.name!r} already joined this group")
         if slots > self.num_slots:
             raise PoolTooSmall(f"pipeline {spec.name!r} needs {slots} slots but the group's pool has {self.num_slots}")
-        home = self._pick_home(slots)
-        self.pipes[spec.name] = _Pipe(spec=spec, index=self._next_index, slots=slots, arrival_s=now, home=home)
-        self._next_index += 1
+        progress = PipelineProgress(name=spec.name, index=self._next_index, steps=spec.steps, arrival_s=now)
+        progress.arrived = True
+        self.pipes[spec.name] = _LivePipe(spec=spec, progress=progress, home=self._pick_home(slots), offload=offload)
         self._policy = None
+        try:
+            self._check_modes(self.policy())
+        except Exception:
+            del self.pipes[spec.name]
+            self._policy = None
+            raise
+        self._next_index += 1
+
+    def _check_modes(self, policy: Policy) -> None:
+        """The live runtime runs on-policy synchronous steps only (verl's sync trainer)."""
+        for name in self.pipes:
+            needs = features_of(policy.mode(name))
+            if needs:
+                raise PolicyRefused(
+                    f"jigsaw.mux.policy={self.policy_name!r} would run pipeline {name!r} with "
+                    f"{', '.join(sorted(needs))}; the live runtime runs on-policy synchronous steps only"
+                )
 
     def home(self, pipeline: str) -> tuple[int, ...]:
         """The slots a pipeline's workers are placed on (rank ``r`` on ``home[r]``)."""
@@ -242,7 +165,7 @@ class LiveExecutor:
         for key in list(ps.running):
             self._end(ps, key, now, record=False)
         self.left[pipeline] = reason
-        self.left_steps[pipeline] = ps.steps_done
+        self.left_steps[pipeline] = ps.progress.steps_done
         self._policy = None
         return self.decide(now)
 
@@ -267,6 +190,19 @@ class LiveExecutor:
             raise ValueError(f"{pipeline} finished {stage} of step {step}, which was not granted")
         self._end(ps, (step, stage), now, record=True, finish_offsets_s=tuple(sorted(finish_offsets_s)))
         return self.decide(now)
+
+    def _end(
+        self, ps: _LivePipe, key: tuple[int, str], now: float, *, record: bool, finish_offsets_s: tuple = ()
+    ) -> None:
+        grant = ps.running.pop(key)
+        if key[1] == ROLLOUT:
+            ps.replicas, ps.migrating, ps.gone, ps.orders = {}, set(), set(), []
+        self.slices += lease_slices(self.holds.release(ps.holds.pop(key), now), now)
+        if not record:
+            return
+        self.history.append(ps.progress.end(*key, now, finish_offsets_s))
+        if key[1] == UPDATE:
+            ps.train_gpus = grant.gpus
 
     # ---- rollout replicas and migrations ---------------------------------------------------------------------
     def report_replicas(
@@ -298,18 +234,18 @@ class LiveExecutor:
             ps.replicas.pop(r, None)
         if not freed or len(freed) >= len(grant.gpus):
             return []
-        self._release_slots(pipeline, key, freed, now)
+        self.slices += lease_slices(self.holds.release(ps.holds[key], now, freed), now)
         ps.running[key] = replace(grant, gpus=tuple(g for g in grant.gpus if g not in freed))
         return self.decide(now)
 
-    def _replica_slots(self, ps: _Pipe, grant: Grant) -> dict[int, tuple[int, ...]]:
+    def _replica_slots(self, ps: _LivePipe, grant: Grant) -> dict[int, tuple[int, ...]]:
         """Replica rank -> the slots it runs on: ``rollout_tp`` home slots each, in rank order (verl puts rollout
         replica ``r`` on workers ``r * tp`` to ``(r + 1) * tp - 1``); only the ranks still in the lease."""
         tp = max(1, ps.spec.rollout_tp)
-        if ps.slots % tp:
+        if len(ps.home) % tp:
             return {}
         held = set(grant.gpus)
-        slots = {r: tuple(ps.home[r * tp : (r + 1) * tp]) for r in range(ps.slots // tp)}
+        slots = {r: tuple(ps.home[r * tp : (r + 1) * tp]) for r in range(len(ps.home) // tp)}
         return {r: gs for r, gs in slots.items() if set(gs) <= held}
 
     def _order(self, action: Migrate) -> None:
@@ -327,141 +263,88 @@ class LiveExecutor:
         ps.migrating |= set(sources)
         ps.orders.append(MigrationOrder(action.pipeline, running[0][0], sources, targets))
 
-    def _pipe(self, pipeline: str) -> _Pipe:
+    def _pipe(self, pipeline: str) -> _LivePipe:
         if pipeline not in self.pipes:
             raise KeyError(f"pipeline {pipeline!r} has not joined this group (joined: {sorted(self.pipes)})")
         return self.pipes[pipeline]
 
-    def _end(
-        self, ps: _Pipe, key: tuple[int, str], now: float, *, record: bool, finish_offsets_s: tuple[float, ...] = ()
-    ) -> None:
-        grant = ps.running.pop(key)
-        if key[1] == ROLLOUT:
-            ps.replicas, ps.migrating, ps.gone, ps.orders = {}, set(), set(), []
-        start = grant.start_s
-        self._release_slots(ps.spec.name, key, grant.gpus, now)
-        if not record:
-            return
-        ps.done.add(key)
-        step, stage = key
-        self.history.append(
-            StageTiming(
-                pipeline=ps.spec.name,
-                step=step,
-                stage=stage,
-                start_s=start,
-                end_s=now,
-                gpus=len(ps.home),  # every grant is on the home; a migration may have shrunk a rollout's since
-                finish_offsets_s=finish_offsets_s if stage == ROLLOUT else (),
-            )
-        )
-        if stage == UPDATE:
-            ps.steps_done = max(ps.steps_done, step + 1)
-            ps.train_gpus = grant.gpus
-        if stage == WEIGHT_SYNC:
-            ps.version = max(ps.version, step + 1)
-
-    # ---- slot holds and the slices they leave ---------------------------------------------------------------
-    def _release_slots(self, pipeline: str, key: tuple[int, str], gpus, now: float) -> None:
-        """End ``pipeline``'s hold of ``key`` on ``gpus``; a co-located occupant left alone gets its slot back."""
-        closed = []
-        for g in gpus:
-            mine = [h for h in self.leases[g] if (h.pipeline, h.step, h.stage) == (pipeline, *key)]
-            for h in mine:
-                closed.append((g, h))
-                self.leases[g].remove(h)
-            if len(self.leases[g]) == 1 and self.leases[g][0].share < 1.0:
-                closed.append((g, self._reshare(self.leases[g][0], 1.0, now)))
-        self._record(closed, now)
-
-    def _reshare(self, held: _Held, share: float, now: float) -> _Held:
-        """Change a hold's share from now on; returns the segment that ended (for :meth:`_record`)."""
-        ended = replace(held)
-        held.share, held.since = share, now
-        return ended
-
-    def _record(self, closed: list[tuple[int, _Held]], now: float) -> None:
-        """One slice per lease segment that ended now, over every slot it held at that share since then."""
-        self.slices.extend(_slices(closed, now))
-
-    def open_slices(self, now: float) -> list[LiveSlice]:
+    def openlease_slices(self, now: float) -> list[Slice]:
         """The holds running now, as slices up to ``now``."""
-        return _slices([(g, h) for g, holds in enumerate(self.leases) for h in holds], now)
-
-    # ---- deciding --------------------------------------------------------------------------------------------
-    def policy(self):
-        """The policy over the pipelines joined now (built once per membership change)."""
-        if self._policy is None and self.pipes:
-            from jigsaw_verl.policy.catalog import POLICIES
-
-            workload = WorkloadSpec(
-                name="live",
-                seed=self.seed,
-                cluster=ClusterSpec(gpu=self.gpu, num_gpus=self.num_slots, gpus_per_node=self.num_slots),
-                pipelines=tuple(p.spec for p in sorted(self.pipes.values(), key=lambda p: p.index)),
-            )
-            self._policy = POLICIES.get(self.policy_name)(workload)[0]
-        return self._policy
+        segments = [Segment(g, h, h.shares[g], h.since[g]) for h in self.holds.holds() for g in h.slots]
+        return lease_slices(segments, now)
 
     def free_slots(self) -> list[int]:
-        return [g for g in range(self.num_slots) if not self.leases[g]]
+        return self.holds.free_slots()
+
+    # ---- what the policy sees --------------------------------------------------------------------------------
+    def policy(self) -> Policy | None:
+        """The policy over the pipelines joined now (built once per membership change)."""
+        if self._policy is None and self.pipes:
+            workload = WorkloadSpec(
+                name="live",
+                seed=0,
+                cluster=ClusterSpec(gpu=self.gpu, num_gpus=self.num_slots, gpus_per_node=self.num_slots),
+                pipelines=tuple(p.spec for p in self._ordered()),
+            )
+            self._policy = self.policy_factory(workload)
+        return self._policy
+
+    def _ordered(self) -> list[_LivePipe]:
+        return sorted(self.pipes.values(), key=lambda p: p.index)
 
     def snapshot(self, now: float) -> Snapshot:
-        """What the policy sees now (the simulator's snapshot, from live state)."""
-        ready, views = [], []
-        for ps in sorted(self.pipes.values(), key=lambda p: p.index):
-            if ps.requested is not None and not self._bypass(ps, *ps.requested):
-                ready.append(ReadyStage(ps.spec.name, *ps.requested))
-            running = tuple(
-                (-1 if stage == ROLLOUT else step, stage, grant.gpus) for (step, stage), grant in ps.running.items()
-            )
-            views.append(
-                PipelineView(
-                    name=ps.spec.name,
-                    index=ps.index,
-                    arrival_s=ps.arrival_s,
-                    arrived=True,
-                    started=bool(ps.done or ps.running),
-                    finished=False,
-                    version=ps.version,
-                    steps_done=ps.steps_done,
-                    running=running,
-                    running_since_s=tuple(grant.start_s for grant in ps.running.values()),
-                    rollout_gpus=frozenset(g for (_, st), gr in ps.running.items() if st == ROLLOUT for g in gr.gpus),
-                    train_gpus=ps.train_gpus,
-                )
-            )
-        replicas, replica_of = self._replica_views()
-        leases = tuple(
-            tuple(
-                Lease(
-                    pipeline=h.pipeline,
-                    stage=h.stage,
-                    sm_share=h.share,
-                    replica=replica_of.get(g) if h.stage == ROLLOUT else None,
-                )
-                for h in self.leases[g]
-            )
-            for g in range(self.num_slots)
+        """What the policy sees now, from the pool's one snapshot builder."""
+        pipes = self._ordered()
+        return build_snapshot(now_s=now, holds=self.holds, pipelines=[p.progress for p in pipes], view=self.view())
+
+    def view(self) -> ExecutorView:
+        """What only the live executor knows: the requested stages, the reported replicas, resident memory."""
+        pipes = self._ordered()
+        ready = tuple(
+            ReadyStage(ps.spec.name, *ps.requested)
+            for ps in pipes
+            if ps.requested is not None and not self._bypass(ps, *ps.requested)
         )
-        room = usable_bytes(self.gpu)
-        return Snapshot(
-            now_s=now,
-            num_gpus=self.num_slots,
-            free_gpus=frozenset(self.free_slots()),
-            ready=tuple(ready),
-            pipelines=tuple(views),
-            last_pipeline=tuple(self.last),
-            leases=leases,
-            free_bytes=tuple(room for _ in range(self.num_slots)),
+        replicas, replica_of = self._replica_views()
+        return ExecutorView(
+            ready=ready,
             replicas=replicas,
+            replica_of=replica_of,
+            free_bytes=self.free_bytes(),
+            train_slots={ps.spec.name: ps.train_gpus for ps in pipes if ps.train_gpus},
             history=tuple(self.history),
         )
+
+    def free_bytes(self) -> tuple[float, ...]:
+        """Per slot, device memory nothing running holds, bytes: each lease's resident state (a rollout replica's
+        weights, split over its tensor-parallel group, and the KV its pipeline reports it holds; the training state
+        sharded over the home), and the training state of a pipeline that keeps it on its home between leases
+        (``offload=False``), counted once; the simulator's rule over what is really there."""
+        room = usable_bytes(self.gpu)
+        state, kv = [0.0] * self.num_slots, [0.0] * self.num_slots
+        for ps in self.pipes.values():
+            train = set(ps.home) if not ps.offload else set()
+            for (step, stage), hold in ps.holds.items():
+                if stage != ROLLOUT:
+                    train |= set(hold.slots)
+                    continue
+                tp = max(1, ps.spec.rollout_tp)
+                for g in hold.slots:
+                    state[g] += rollout_weight_bytes(ps.spec.model) / tp
+                for rank, slots in self._replica_slots(ps, ps.running[(step, stage)]).items():
+                    rep = ps.replicas.get(rank)
+                    for g in slots if rep is not None else ():
+                        kv[g] += rep.kv_held_tokens * ps.spec.model.kv_bytes_per_token / tp
+            for g in train:
+                state[g] += train_state_bytes(ps.spec.model, critic=ps.spec.critic, ref_model=ps.spec.ref_model) / len(
+                    ps.home
+                )
+        return tuple(room - state[g] - kv[g] for g in range(self.num_slots))
 
     def _replica_views(self) -> tuple[tuple[ReplicaView, ...], dict[int, int]]:
         """The running rollouts' reported replicas (not those ordered or migrated away), and slot -> replica id."""
         views, replica_of = [], {}
-        for ps in sorted(self.pipes.values(), key=lambda p: p.index):
+        for ps in self._ordered():
             for (step, stage), grant in ps.running.items():
                 if stage != ROLLOUT or not ps.replicas:
                     continue
@@ -486,67 +369,64 @@ class LiveExecutor:
                     )
         return tuple(views), replica_of
 
-    def _bypass(self, ps: _Pipe, step: int, stage: str) -> bool:
+    def _bypass(self, ps: _LivePipe, step: int, stage: str) -> bool:
         # verl syncs weights after the last step too; the core graph does not (nothing rolls out after it)
         return stage == WEIGHT_SYNC and step >= ps.spec.steps - 1
 
+    # ---- deciding --------------------------------------------------------------------------------------------
     def decide(self, now: float) -> list[Grant]:
         """Ask the policy what starts now; grant the requested stages it starts."""
         grants: list[Grant] = []
         for ps in list(self.pipes.values()):
             if ps.requested is not None and self._bypass(ps, *ps.requested):
-                free = self.free_slots()
-                if set(ps.home) <= set(free):  # else it waits for its home to free up, like any other stage
-                    grants.append(self._grant(ps, ps.home, 1.0, now, forced=True))
+                grants += self._try_grant(ps, 1.0, now, forced=True)  # else it waits for its home, like any stage
         if any(ps.requested is not None for ps in self.pipes.values()):
-            try:
-                actions = self.policy().schedule(self.snapshot(now)).actions
-            except Exception as err:  # a policy bug must not stall every pipeline: grant in arrival order below
-                logger.exception("policy %s failed; granting in arrival order", self.policy_name)
-                self.policy_errors.append(f"{type(err).__name__}: {err}")
-                actions = ()
-            for action in actions:
+            for action in self._plan(now):
                 if isinstance(action, Migrate):
                     self._order(action)  # the source slots free up when the pipeline reports it done
                     continue
                 ps = self.pipes.get(action.pipeline)
-                if ps is None or ps.requested != (action.step, action.stage):
-                    continue
-                # the stage runs where the pipeline's workers are, at the share the policy gave it
-                if not self._fits(ps.spec.name, ps.home, action.sm_share):
-                    continue
-                alone = all(not self.leases[g] for g in ps.home)
-                grants.append(self._grant(ps, ps.home, 1.0 if alone else action.sm_share, now, forced=False))
+                if ps is not None and ps.requested == (action.step, action.stage):
+                    # the stage runs where the pipeline's workers are, at the share the policy gave it
+                    grants += self._try_grant(ps, action.sm_share, now, forced=False)
         if not grants and not any(ps.running for ps in self.pipes.values()):
             waiting = sorted((ps for ps in self.pipes.values() if ps.requested), key=lambda p: p.requested_s)
             for ps in waiting[:1]:
-                if set(ps.home) <= set(self.free_slots()):
-                    grants.append(self._grant(ps, ps.home, 1.0, now, forced=True))
+                grants += self._try_grant(ps, 1.0, now, forced=True)
         return grants
 
-    def _fits(self, pipeline: str, gpus: tuple[int, ...], sm_share: float) -> bool:
-        """Free slots, or (a share below 1, as the policy co-locates) slots each held by one other pipeline's
-        lease, which then shrinks to the rest."""
-        for g in gpus:
-            held = self.leases[g] if 0 <= g < self.num_slots else None
-            if held is None:
-                return False
-            if held and (sm_share >= 1.0 or len(held) > 1 or held[0].pipeline == pipeline):
-                return False
-        return True
+    def _plan(self, now: float) -> tuple:
+        try:
+            return self.policy().schedule(self.snapshot(now)).actions
+        except Exception as err:  # a policy bug must not stall every pipeline: grant in arrival order
+            logger.exception("policy %s failed; granting in arrival order", self.policy_name)
+            self.policy_errors.append(f"{type(err).__name__}: {err}")
+            return ()
 
-    def _grant(self, ps: _Pipe, gpus: tuple[int, ...], share: float, now: float, *, forced: bool) -> Grant:
+    def _try_grant(self, ps: _LivePipe, share: float, now: float, *, forced: bool) -> list[Grant]:
+        """Grant ``ps``'s requested stage on its home through the pool's holds (alone: the whole slots; beside one
+        other pipeline's lease: at ``share``, if its memory fits there too); nothing when the pool refuses."""
         step, stage = ps.requested
-        grant = Grant(ps.spec.name, step, stage, gpus, share, forced, now)
+        alone = all(not self.holds.on(g) for g in ps.home)
+        share = 1.0 if alone else share
+        if not alone and not self._fits_beside(ps, stage):
+            return []
+        hold = Hold(ps.spec.name, step, stage, forced=forced)
+        claimed = self.holds.claim(hold, ps.home, share, now)
+        if isinstance(claimed, Refusal):
+            return []
+        self.slices += lease_slices(claimed, now)
+        grant = Grant(ps.spec.name, step, stage, ps.home, share, forced, now)
         ps.requested = None
         ps.running[(step, stage)] = grant
-        closed = []
-        for g in gpus:
-            if self.leases[g] and share < 1.0:  # the occupant's lease shrinks to the rest
-                occupant = self.leases[g][0]
-                if occupant.share > 1.0 - share:
-                    closed.append((g, self._reshare(occupant, 1.0 - share, now)))
-            self.leases[g].append(_Held(ps.spec.name, step, stage, share, now, forced))
-            self.last[g] = ps.spec.name
-        self._record(closed, now)
-        return grant
+        ps.holds[(step, stage)] = hold
+        ps.progress.start(step, stage, now, len(ps.home))
+        return [grant]
+
+    def _fits_beside(self, ps: _LivePipe, stage: str) -> bool:
+        """Memory admission of a co-located grant: the stage's footprint fits what its home slots have free."""
+        need = stage_resident_bytes(ps.spec, stage, len(ps.home))
+        if stage != ROLLOUT and not ps.offload:
+            need = 0.0  # its training state is resident there already
+        free = self.free_bytes()
+        return all(free[g] >= need for g in ps.home)

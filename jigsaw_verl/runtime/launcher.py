@@ -15,6 +15,7 @@ launcher's exit code is the first non-zero one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,7 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from jigsaw_verl.integration.pipeline_spec import slot_spec
+from jigsaw_verl.model.slots import slot_spec
+from jigsaw_verl.pool.timeline import Slice, Timeline
+from jigsaw_verl.runtime.leases import PolicyRefused
+from jigsaw_verl.runtime.live_policy import live_policy_factory
 
 # logical CPUs per CPU pipeline (the CPU backend gives a lone run 16)
 CPUS_PER_PIPELINE = 16
@@ -52,7 +56,7 @@ def launch(
     *,
     group: str = "mux",
     pool_slots: int = 2,
-    policy: str = "jigsaw",
+    policy: str,
     device: str = "cpu",
     gpu: str | None = None,
     out: str = "out/mux",
@@ -67,7 +71,6 @@ def launch(
 
     import ray
 
-    from jigsaw_verl.policy.catalog import POLICIES
     from jigsaw_verl.runtime.scheduler import get_scheduler
 
     parsed = [shlex.split(r) for r in recipes]
@@ -77,8 +80,10 @@ def launch(
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"recipe not found: {', '.join(missing)}")
-    if policy not in POLICIES:
-        raise ValueError(f"--policy {policy!r} is unknown (known: {', '.join(POLICIES.names())})")
+    try:
+        live_policy_factory(policy)  # unknown, or needs asynchronous execution: one line before Ray starts
+    except PolicyRefused as err:
+        raise ValueError(f"--policy: {err}") from None
     slot = slot_spec(device, gpu)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,45 +175,32 @@ def launch(
     }
 
 
-def _as_result(trace: list[dict], pool_slots: int, name: str):
-    from jigsaw_verl.sim.simulator import SimResult, Slice
-
-    t0 = min((float(s["start_s"]) for s in trace), default=0.0)  # the first lease: the pipelines' start-up is not shown
+def live_timeline(trace: list[dict], pool_slots: int) -> Timeline:
+    """The leases (``leases.json`` records) as a timeline from the first lease on (the pipelines' start-up is not
+    shown)."""
+    t0 = min((float(s["start_s"]) for s in trace), default=0.0)
+    fields = {f.name for f in dataclasses.fields(Slice)}
     slices = tuple(
         Slice(
-            gpus=tuple(s["gpus"]),
-            start_s=float(s["start_s"]) - t0,
-            end_s=float(s["end_s"]) - t0,
-            pipeline=s["pipeline"],
-            step=int(s["step"]),
-            stage=s["stage"],
-            name=s["stage"],
-            bound="memory" if s["stage"] == "rollout" else "compute",
+            **{
+                **{k: v for k, v in s.items() if k in fields},
+                "gpus": tuple(s["gpus"]),
+                "sm_shares": tuple(s["sm_shares"]),
+                "start_s": float(s["start_s"]) - t0,
+                "end_s": float(s["end_s"]) - t0,
+            }
         )
         for s in trace
     )
     end = max((s.end_s for s in slices), default=0.0)
-    return SimResult(
-        workload="live",
-        policy=name,
-        config="live leases",
-        num_gpus=pool_slots,
-        makespan_s=end,
-        finish_s={},
-        slices=slices,
-        stages=(),
-        generated={},
-        completions={},
-        reprefill_tokens=0,
-        staleness={},
-    )
+    return Timeline(label="live leases", num_slots=pool_slots, end_s=end, slices=slices)
 
 
 def write_live_trace(trace: list[dict], path: Path, pool_slots: int) -> None:
     """The leases as a Chrome/Perfetto trace (a track per slot, a slice per stage), like the simulator's."""
     from jigsaw_verl.report.trace import write_trace
 
-    write_trace({"live": _as_result(trace, pool_slots, "live")}, path)
+    write_trace({"live": live_timeline(trace, pool_slots)}, path)
 
 
 def write_live_plot(trace: list[dict], path: Path, pool_slots: int, *, title: str = "") -> None:
@@ -218,4 +210,4 @@ def write_live_plot(trace: list[dict], path: Path, pool_slots: int, *, title: st
 
     if not trace:
         return
-    write_plot({"live": _as_result(trace, pool_slots, "live")}, path, title=title, ylabel="slots leased")
+    write_plot({"live": live_timeline(trace, pool_slots)}, path, title=title, ylabel="slots leased")

@@ -22,7 +22,8 @@ import ray
 
 from jigsaw_verl.model.catalogue import GPUSpec
 from jigsaw_verl.model.spec import PipelineSpec
-from jigsaw_verl.runtime.executor import Grant, LiveExecutor, PoolTooSmall, ReplicaReport
+from jigsaw_verl.runtime.executor import Grant, LiveExecutor, PolicyRefused, PoolTooSmall, ReplicaReport
+from jigsaw_verl.runtime.live_policy import live_policy_factory
 from jigsaw_verl.runtime.pool_placement import VERL_COLOCATE, PoolPlacement, pool_bundle
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class MuxScheduler:
         group: group name.
         num_slots: slots in the pool.
         gpu: slot hardware for the policy's cost model.
-        policy: policy name (``jigsaw`` by default).
+        policy: policy name (``jigsaw.mux.policy``).
         max_pipelines: most pipelines the group holds at once (each worker takes ``1 / (3 * max_pipelines)`` of a
             slot's Ray resources, so all of them fit into the pool's bundles).
         watchdog_s: how often joined pipelines are checked for life.
@@ -54,8 +55,8 @@ class MuxScheduler:
         group: str,
         num_slots: int,
         gpu: GPUSpec,
-        policy: str = "jigsaw",
-        max_pipelines: int = 4,
+        policy: str,
+        max_pipelines: int,
         watchdog_s: float = 1.0,
     ):
         if max_pipelines < 1:
@@ -64,7 +65,11 @@ class MuxScheduler:
         self.max_pipelines = max_pipelines
         self._pool: tuple[str, PoolPlacement] | None = None
         self._placed: dict[str, list[dict]] = {}
-        self.executor = LiveExecutor(num_slots, gpu, policy=policy)
+        try:
+            factory, self.refused = live_policy_factory(policy), None
+        except PolicyRefused as err:  # every join is refused with this line; the actor itself stays up to say so
+            factory, self.refused = None, err
+        self.executor = LiveExecutor(num_slots, gpu, factory, policy_name=policy)
         self.t0 = time.monotonic()
         self.watchdog_s = watchdog_s
         self._events: dict[tuple[str, int, str], asyncio.Event] = {}
@@ -82,12 +87,16 @@ class MuxScheduler:
             self._grants[key] = g
             self._events.setdefault(key, asyncio.Event()).set()
 
-    async def join(self, pipeline: PipelineSpec, slots: int, owner=None) -> dict:
+    async def join(self, pipeline: PipelineSpec, slots: int, owner=None, offload: bool = True) -> dict:
         """Join the group with the pipeline's planning spec and slot need; ``owner`` is an actor handle whose
-        death means the pipeline crashed. Raises :class:`PoolTooSmall` for a pipeline that cannot fit."""
+        death means the pipeline crashed; ``offload``: whether its training state leaves the devices between
+        leases. Raises :class:`PoolTooSmall` for a pipeline that cannot fit, :class:`PolicyRefused` when the
+        group's policy cannot run live."""
         try:
-            self.executor.join(pipeline, slots, self._now())
-        except PoolTooSmall as err:
+            if self.refused is not None:
+                raise self.refused
+            self.executor.join(pipeline, slots, self._now(), offload=offload)
+        except (PoolTooSmall, PolicyRefused) as err:
             self.errors[pipeline.name] = str(err)
             raise
         if owner is not None:
@@ -198,7 +207,7 @@ class MuxScheduler:
             "pipelines": {
                 name: {
                     "steps": ps.spec.steps,
-                    "steps_done": ps.steps_done,
+                    "steps_done": ps.progress.steps_done,
                     "running": [f"{stage} of step {step}" for step, stage in ps.running],
                     "waiting": None if ps.requested is None else f"{ps.requested[1]} of step {ps.requested[0]}",
                 }
@@ -219,8 +228,13 @@ class MuxScheduler:
         """Every lease held so far (finished ones and those still running up to now), one slice per segment of
         constant share."""
         now = self._now()
-        done = [asdict(s) for s in self.executor.slices]
-        return done + [{**asdict(s), "running": True} for s in self.executor.open_slices(now)]
+        done = [_lease(s) for s in self.executor.slices]
+        return done + [{**_lease(s), "running": True} for s in self.executor.open_slices(now)]
+
+
+def _lease(s) -> dict:
+    """A lease slice as ``leases.json`` holds it: the timeline record plus its share and whether it was forced."""
+    return {**asdict(s), "sm_share": s.sm_share, "forced": s.forced}
 
 
 class Presence:
@@ -235,8 +249,8 @@ def get_scheduler(
     group: str,
     num_slots: int | None = None,
     gpu: GPUSpec | None = None,
-    policy: str = "jigsaw",
-    max_pipelines: int = 4,
+    policy: str | None = None,
+    max_pipelines: int | None = None,
 ):
     """The group's scheduler actor: found by name, or created (detached) when ``num_slots`` and ``gpu`` are
     given. Ray must be initialised."""
@@ -244,7 +258,7 @@ def get_scheduler(
     try:
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
-        if num_slots is None or gpu is None:
+        if None in (num_slots, gpu, policy, max_pipelines):
             raise LookupError(f"no multiplexing group {group!r} is running (actor {name} in {NAMESPACE})") from None
     return (
         ray.remote(MuxScheduler)

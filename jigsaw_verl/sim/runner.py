@@ -14,10 +14,11 @@ from dataclasses import dataclass, replace
 from jigsaw_verl.model.cost_model import CostModel
 from jigsaw_verl.model.lengths import sample_steps
 from jigsaw_verl.model.spec import WorkloadSpec
-from jigsaw_verl.policy.catalog import BASELINES, POLICIES
 from jigsaw_verl.policy.interface import Policy
+from jigsaw_verl.policy.registry import BASELINES, POLICIES
 from jigsaw_verl.sim.lower_bound import LowerBound, declared_staleness, lower_bound, relaxed_staleness
 from jigsaw_verl.sim.simulator import SimResult, Simulator
+from jigsaw_verl.sim.split_search import fastest_split_alone
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ def check_policy_names(names: list[str]) -> None:
 
 class Runner:
     """Runs policy configurations on one workload, each configuration once (shared between ``verl`` and its
-    forms, and with the alone references).
+    forms, and with the alone references). Every policy is built with the simulator's split search
+    (:func:`~jigsaw_verl.sim.split_search.fastest_split_alone`).
 
     Args:
         workload: the workload.
@@ -146,10 +148,14 @@ class Runner:
             self._runs[key] = Simulator(w, policy, self.cost).run()
         return self._runs[key]
 
+    def configurations(self, name: str, workload: WorkloadSpec | None = None) -> list[Policy]:
+        """Every configuration of policy ``name`` worth trying on ``workload`` (the runner's by default)."""
+        return POLICIES.get(name).build(workload or self.w, split_search=fastest_split_alone)
+
     def run_policy(self, name: str) -> SimResult:
         """The best configuration of ``name`` (smallest makespan; ties to the first tried)."""
         self.progress(f"simulating {name}")
-        candidates = POLICIES.get(name)(self.w)
+        candidates = self.configurations(name)
         if not candidates:
             raise ValueError(f"policy {name!r} has no feasible configuration on {self.w.name}")
         best = min((self.run_config(c) for c in candidates), key=lambda r: r.makespan_s)
@@ -160,7 +166,7 @@ class Runner:
         out = {}
         for p in self.w.pipelines:
             alone = replace(self.w, name=f"{self.w.name}:{p.name}-alone", pipelines=(replace(p, arrival_s=0.0),))
-            (policy,) = POLICIES.get("verl-seq")(alone)
+            (policy,) = self.configurations("verl-seq", alone)
             out[p.name] = self.run_config(policy, alone).makespan_s / p.steps
         return out
 

@@ -10,11 +10,12 @@ does (``trainer.device=cpu`` switches to the CPU backend before Ray starts).
 """
 
 import sys
-from pathlib import Path
 
 import hydra
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "jigsaw_verl" / "config")
+from jigsaw_verl.integration.settings import CONFIG_FILE
+
+CONFIG_DIR = str(CONFIG_FILE.parent)  # the config python -m jigsaw_verl.main_ppo composes
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="jigsaw_ppo_trainer", version_base=None)

@@ -46,7 +46,7 @@ def register() -> None:
 
 def register_trainer_modes() -> None:
     """Register verl V1 trainer mode ``jigsaw`` (imports verl's trainer; only in runs that use it)."""
-    from jigsaw_verl.trainer import v1_jigsaw  # noqa: F401
+    from jigsaw_verl.integration.trainer import v1_jigsaw  # noqa: F401
 
 
 # NOTE: the CPU platform first: importing verl's trainer asks for the current platform.

@@ -23,15 +23,14 @@ from jigsaw_verl.integration.rollout.migrator import RolloutMigrator
 
 @dataclass(frozen=True)
 class TailPolicy:
-    """When and how far to consolidate.
+    """When and how far to consolidate (how often to look is the monitor's ``poll_s``).
 
     Attributes:
-        tail_threshold: live requests per replica below which the tail starts.
-        poll_s: seconds between telemetry reads.
+        tail_threshold: live requests per replica below which the tail starts
+            (``jigsaw.migration.tail_threshold``).
     """
 
-    tail_threshold: int = 4
-    poll_s: float = 0.2
+    tail_threshold: int
 
     def sources(self, live: dict[str, int], waiting: int) -> list[str]:
         """Replicas to migrate away given each routable replica's live requests (none if not in the tail)."""
@@ -53,7 +52,7 @@ class TailMonitor:
         group: the pipeline's side of its multiplexing group (``report_replicas`` / ``migrated`` coroutines, as
             :class:`~jigsaw_verl.integration.lease_client.StageLeases` has), or ``None``.
         addresses: the replicas' server addresses in rank order (required with ``group``).
-        poll_s: seconds between polls when there is no ``policy`` (else the policy's).
+        poll_s: seconds between telemetry reads (``jigsaw.migration.poll_s``).
     """
 
     def __init__(
@@ -62,13 +61,14 @@ class TailMonitor:
         policy: TailPolicy | None = None,
         group=None,
         addresses: list[str] | None = None,
-        poll_s: float = 0.2,
+        *,
+        poll_s: float,
     ):
         if group is not None and not addresses:
             raise ValueError("a group needs the replicas' addresses in rank order")
         self.migrator, self.policy, self.group = migrator, policy, group
         self.addresses = list(addresses or [])
-        self.poll_s = policy.poll_s if policy is not None else poll_s
+        self.poll_s = poll_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None

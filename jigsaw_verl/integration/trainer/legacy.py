@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer as _VerlRayPPOTrainer
 
+from jigsaw_verl.integration.settings import JigsawSettings
 from jigsaw_verl.integration.trainer.timing import StageTimer
 
 METRIC_PREFIX = "jigsaw/stage_s/"
@@ -51,13 +52,13 @@ class LegacyMigrationError(ValueError):
 
 def check_legacy_config(config) -> None:
     """Raise :class:`LegacyMigrationError` if ``config`` asks for what the legacy trainer cannot do."""
-    jigsaw = config.get("jigsaw") or {}
-    if jigsaw.get("enable", False):
+    settings = JigsawSettings.from_config(config)
+    if settings.enable:
         raise LegacyMigrationError(
             "jigsaw.enable=true (pipeline multiplexing) runs verl's V1 trainer (python -m jigsaw_verl.main_ppo); "
             "the legacy RayPPOTrainer only times its stages"
         )
-    if (jigsaw.get("migration") or {}).get("enable", False):
+    if settings.migration.enable:
         raise LegacyMigrationError(
             "jigsaw.migration.enable=true needs verl's V1 trainer (python -m jigsaw_verl.main_ppo, trainer mode "
             "`jigsaw`); the legacy RayPPOTrainer builds its agent loop without the resuming client migration needs"

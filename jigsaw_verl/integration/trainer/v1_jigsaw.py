@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import cached_property
 
 import ray
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -35,6 +36,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from jigsaw_verl.integration.rollout.client import MigratingLLMServerClient
 from jigsaw_verl.integration.rollout.migrator import RolloutMigrator
 from jigsaw_verl.integration.rollout.tail_monitor import TailMonitor, TailPolicy, freed_replica_seconds
+from jigsaw_verl.integration.settings import JigsawSettings
 from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
 
 TRAINER_MODE = "jigsaw"
@@ -45,15 +47,17 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
     """verl's sync PPO trainer with rollout tail migration (``jigsaw.migration.*``), stage leases
     (``jigsaw.enable``) and a canonical batch order (see the module docstring and ``_balance_batch``)."""
 
-    def _migration_config(self):
-        return self.config.get("jigsaw", {}).get("migration", {})
+    @cached_property
+    def jigsaw_settings(self) -> JigsawSettings:
+        """The run's ``jigsaw`` group, parsed once (a config without it: the packaged YAML's defaults)."""
+        return JigsawSettings.from_config(self.config)
 
     # ---- stage leases (jigsaw.enable=true) ------------------------------------------------------------------
     def _leases(self):
-        if getattr(self, "_jigsaw_leases", None) is None and self.config.get("jigsaw", {}).get("enable", False):
+        if getattr(self, "_jigsaw_leases", None) is None and self.jigsaw_settings.enable:
             from jigsaw_verl.integration.lease_client import StageLeases
 
-            self._jigsaw_leases = StageLeases(self.config)
+            self._jigsaw_leases = StageLeases(self.jigsaw_settings.mux, self.config)
         return getattr(self, "_jigsaw_leases", None)
 
     def _stage(self, stage: str) -> None:
@@ -79,7 +83,7 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
         leases = self._leases()
         if leases is not None:
             leases.report_placement(self.actor_rollout_wg.workers)
-            if self.config.jigsaw.mux.get("offload", True):
+            if self.jigsaw_settings.mux.offload:
                 from jigsaw_verl.integration.residency import LeaseResidency
 
                 groups = [self.actor_rollout_wg, getattr(self, "critic_wg", None)]
@@ -133,20 +137,19 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
 
     def on_sample_begin(self):
         super().on_sample_begin()
-        cfg = self._migration_config()
+        migration = self.jigsaw_settings.migration
         migrator = self._migrator()
         self._jigsaw_reports_before = len(migrator.reports)
         self._jigsaw_counters_before = ray.get(migrator.lb.migration_counters.remote())
         self._jigsaw_monitor = None
-        policy = None
-        if cfg.get("enable", False):
-            policy = TailPolicy(tail_threshold=int(cfg.get("tail_threshold", 4)), poll_s=float(cfg.get("poll_s", 0.2)))
+        policy = TailPolicy(tail_threshold=migration.tail_threshold) if migration.enable else None
         leases = self._leases()
         if policy is not None or leases is not None:
             # in a group the monitor reports the replicas to the scheduler and runs the migrations it orders
             addresses = list(self.llm_server_manager.server_addresses)
-            poll_s = float(cfg.get("poll_s", 0.2))
-            self._jigsaw_monitor = TailMonitor(migrator, policy, group=leases, addresses=addresses, poll_s=poll_s)
+            self._jigsaw_monitor = TailMonitor(
+                migrator, policy, group=leases, addresses=addresses, poll_s=migration.poll_s
+            )
             self._jigsaw_monitor.start()
 
     def on_sample_end(self):

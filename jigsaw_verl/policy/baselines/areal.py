@@ -13,16 +13,15 @@ Modelling assumptions:
 
 from __future__ import annotations
 
-from jigsaw_verl.model.spec import WorkloadSpec
+from jigsaw_verl.model.spec import PipelineSpec, WorkloadSpec
 from jigsaw_verl.policy.baselines.disaggregated import search_disaggregated
+from jigsaw_verl.policy.baselines.placement import SplitSearch
 from jigsaw_verl.policy.interface import ExecutionMode, Policy
 
 
-def areal(workload: WorkloadSpec) -> list[Policy]:
-    return search_disaggregated(
-        workload,
-        "areal",
-        lambda p: ExecutionMode(
-            staleness=p.max_staleness, overlap_rollouts=True, interrupt_on_update=True, colocated=False
-        ),
-    )
+def _areal_mode(spec: PipelineSpec) -> ExecutionMode:
+    return ExecutionMode(staleness=spec.max_staleness, overlap_rollouts=True, interrupt_on_update=True, colocated=False)
+
+
+def areal(workload: WorkloadSpec, *, split_search: SplitSearch | None = None) -> list[Policy]:
+    return search_disaggregated(workload, "areal", _areal_mode, split_search)

@@ -1,43 +1,39 @@
 """Shared search of the disaggregated baselines (StreamRL, AReaL): per job, rollout GPUs apart from training GPUs.
 
-A job's best rollout/training split is searched by simulating the job alone on its GPUs under every split the
-memory allows, and kept if it finishes first. Jobs either get equal slices of the pool or run one after another
-on the whole pool; both arrangements are candidates and the faster one is reported, so each peer gets its best
-configuration on every workload.
+A job's rollout/training split is chosen among every split the memory allows by a :class:`SplitSearch` the
+executor supplies (the simulator's runs the job alone on each and keeps the one that finishes first). Jobs either
+get equal slices of the pool or run one after another on the whole pool; both arrangements are candidates and the
+faster one is reported, so each peer gets its best configuration on every workload.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
-from jigsaw_verl.model.spec import ClusterSpec, PipelineSpec, WorkloadSpec
-from jigsaw_verl.policy.baselines.placement import Assignment, StaticPlacementPolicy, equal_slices, role_splits
+from jigsaw_verl.model.spec import PipelineSpec, WorkloadSpec
+from jigsaw_verl.policy.baselines.placement import (
+    Assignment,
+    SplitSearch,
+    StaticPlacementPolicy,
+    equal_slices,
+    role_splits,
+)
 from jigsaw_verl.policy.interface import ExecutionMode, Policy
 
 
-def _alone_makespan(
-    spec: PipelineSpec, workload: WorkloadSpec, split: Assignment, mode: ExecutionMode, name: str
-) -> float:
-    from jigsaw_verl.sim.simulator import (
-        Simulator,  # the search simulates; imported here to keep module import order flat
-    )
-
-    gpus = split.rollout + split.train
-    base = gpus[0]
-    local = Assignment(tuple(g - base for g in split.rollout), tuple(g - base for g in split.train))
-    cluster = ClusterSpec(
-        gpu=workload.cluster.gpu, num_gpus=len(gpus), gpus_per_node=min(workload.cluster.gpus_per_node, len(gpus))
-    )
-    alone = replace(workload, cluster=cluster, pipelines=(replace(spec, arrival_s=0.0),))
-    policy = StaticPlacementPolicy(name, "search", {spec.name: local}, {spec.name: mode}, sequential=True)
-    return Simulator(alone, policy).run().makespan_s
-
-
 def search_disaggregated(
-    workload: WorkloadSpec, name: str, mode_of: Callable[[PipelineSpec], ExecutionMode]
+    workload: WorkloadSpec,
+    name: str,
+    mode_of: Callable[[PipelineSpec], ExecutionMode],
+    split_search: SplitSearch | None,
 ) -> list[Policy]:
-    """One candidate per arrangement (equal slices, one after another), each job on its best split."""
+    """One candidate per arrangement (equal slices, one after another), each job on the split ``split_search``
+    picks; raises ``ValueError`` without one."""
+    if split_search is None:
+        raise ValueError(
+            f"policy {name!r} picks its rollout/training split by simulation: run it through jigsaw-verl simulate "
+            "(sim.runner), which supplies the split search"
+        )
     everything = tuple(range(workload.cluster.num_gpus))
     modes = {p.name: mode_of(p) for p in workload.pipelines}
     arrangements = {"sequential": [everything] * len(workload.pipelines)}
@@ -51,7 +47,7 @@ def search_disaggregated(
             options = role_splits(p, workload, pool)
             if not options:
                 break
-            assign[p.name] = min(options, key=lambda a: _alone_makespan(p, workload, a, modes[p.name], name))
+            assign[p.name] = split_search(p, workload, options, modes[p.name], name)
         else:
             parts = ", ".join(f"{p}: {len(a.rollout)}r+{len(a.train)}t" for p, a in assign.items())
             out.append(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.memory import (
@@ -23,6 +24,20 @@ class Assignment:
 
     rollout: tuple[int, ...]
     train: tuple[int, ...]
+
+
+class SplitSearch(Protocol):
+    """Picks one job's rollout/training split among ``options`` (from :func:`role_splits`).
+
+    The disaggregated baselines pick the split on which the job alone finishes first, which takes simulating it;
+    a policy never simulates, so the executor that builds them supplies the search
+    (:func:`jigsaw_verl.sim.split_search.fastest_split_alone`).
+    """
+
+    def __call__(
+        self, spec: PipelineSpec, workload: WorkloadSpec, options: list[Assignment], mode: ExecutionMode, name: str
+    ) -> Assignment:
+        """The split ``spec`` runs on under ``mode``; ``name`` is the policy's (for the search's own runs)."""
 
 
 def fits_colocated(spec: PipelineSpec, workload: WorkloadSpec, gpus: int) -> bool:

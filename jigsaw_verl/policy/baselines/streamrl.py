@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from jigsaw_verl.model.spec import WorkloadSpec
 from jigsaw_verl.policy.baselines.disaggregated import search_disaggregated
+from jigsaw_verl.policy.baselines.placement import SplitSearch
 from jigsaw_verl.policy.interface import ExecutionMode, Policy
 
 STREAMRL_MODE = ExecutionMode(staleness=1, stream_logprob=True, colocated=False)
 
 
-def streamrl(workload: WorkloadSpec) -> list[Policy]:
-    return search_disaggregated(workload, "streamrl", lambda p: STREAMRL_MODE)
+def streamrl(workload: WorkloadSpec, *, split_search: SplitSearch | None = None) -> list[Policy]:
+    return search_disaggregated(workload, "streamrl", lambda p: STREAMRL_MODE, split_search)

@@ -1,4 +1,4 @@
-"""The resource manager: the GPU pool as leases, memory admission, and the interference table.
+"""Co-location's two models: memory admission (the resource manager) and the interference table.
 
 A lease gives a sub-stage a set of GPUs and, on each, a share of SMs and of memory. Two sub-stages may share a GPU
 when their memory fits beside each other and their SM shares sum to at most 1; how fast each then runs comes from
@@ -13,8 +13,8 @@ an :class:`InterferenceTable`. In simulation the table is derived from the cost 
      "rates": {"compute|memory": [[r_a, r_b], ...]}}   # per pair "a|b", one [speed of a, speed of b] per share,
                                                        # speeds as fractions of running alone
 
-The manager is pure: it reads a :class:`~jigsaw_verl.policy.interface.Snapshot` and answers questions; the
-executor applies the leases a policy chose.
+Both are pure: the policy asks them questions (which GPUs a newcomer may join is decided over the snapshot's
+leases in :mod:`jigsaw_verl.policy.jigsaw.lookahead`); the executor applies the leases a policy chose.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from jigsaw_verl.model.cost_model import CostModel
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.memory import rollout_weight_bytes, train_state_bytes
 from jigsaw_verl.model.spec import PipelineSpec
-from jigsaw_verl.policy.interface import Snapshot
 
 FORMAT = "jigsaw-interference/1"
 CLASSES: tuple[str, ...] = ("compute", "memory")
@@ -36,12 +35,6 @@ SHARES: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # Representative per-GPU needs (fraction of SMs, fraction of HBM bandwidth) of each class running alone: a
 # training micro-batch keeps SMs busy; a long-tail decode step streams weights and KV with a few SMs.
 _REPRESENTATIVE = {"compute": (0.95, 0.1), "memory": (0.25, 0.6)}
-
-
-def load_class(stage: str, live_per_replica: float = 0.0) -> str:
-    """The interference class of a sub-stage: rollout decode at small live batches is memory-bound, training
-    and large-batch prefill/decode compute-bound."""
-    return "memory" if stage == ROLLOUT and live_per_replica < 64 else "compute"
 
 
 @dataclass(frozen=True)
@@ -105,18 +98,14 @@ class InterferenceTable:
 
 @dataclass(frozen=True, kw_only=True)
 class ResourceManager:
-    """Memory admission and co-location choices over a snapshot.
+    """Memory admission: what a stage needs resident on each of its GPUs.
 
     Attributes:
         specs: the pipelines, by name.
-        usable_bytes: memory per GPU for state and KV cache, bytes.
-        table: the interference table.
         min_train: per pipeline, fewest GPUs that hold its training state.
     """
 
     specs: dict[str, PipelineSpec]
-    usable_bytes: float
-    table: InterferenceTable
     min_train: dict[str, int]
 
     def stage_bytes(self, pipeline: str, stage: str, gpus: int) -> float:
@@ -128,24 +117,3 @@ class ResourceManager:
             kv = 4 * longest * spec.model.kv_bytes_per_token  # room for a few long sequences, not a full cache
             return (rollout_weight_bytes(spec.model) + kv) / spec.rollout_tp
         return train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / gpus
-
-    def colocatable(
-        self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int], gpus: int, *, tail_live: int
-    ) -> list[int]:
-        """GPUs among ``candidates`` held by exactly one lease of another pipeline, a long-tail replica (at most
-        ``tail_live`` live requests, none queued: memory-bound) when the newcomer trains or a gang when it rolls
-        out, with memory for the newcomer."""
-        need = self.stage_bytes(pipeline, stage, gpus)
-        tail = {r.replica for r in snap.replicas if r.queued == 0 and r.live <= tail_live}
-        out = []
-        for g in candidates:
-            leases = snap.leases[g]
-            if len(leases) != 1 or leases[0].pipeline == pipeline:
-                continue
-            if (leases[0].stage == ROLLOUT) == (stage == ROLLOUT):  # pair a replica with a gang, never two alike
-                continue
-            if leases[0].replica is not None and leases[0].replica not in tail:
-                continue
-            if snap.free_bytes[g] >= need:
-                out.append(g)
-        return out

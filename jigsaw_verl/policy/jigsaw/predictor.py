@@ -18,7 +18,7 @@ except a memo of priors.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -41,23 +41,6 @@ from jigsaw_verl.model.spec import PipelineSpec
 from jigsaw_verl.policy.interface import StageTiming
 
 PRIOR_SEED_OFFSET = 7919  # the prior's lengths are a different draw than any run's
-
-
-@dataclass(frozen=True)
-class StepForecast:
-    """One pipeline's next step on given widths.
-
-    Attributes:
-        rollout_s: rollout duration, seconds.
-        logprob_s: reward + log-prob passes, seconds.
-        update_s: advantage + updates, seconds.
-        sync_s: weight sync, seconds.
-    """
-
-    rollout_s: float
-    logprob_s: float
-    update_s: float
-    sync_s: float
 
 
 def _widths(unit: int, num_gpus: int, cap: int) -> list[int]:
@@ -168,22 +151,13 @@ class Predictor:
         self._last_corrections = (history, out)
         return dict(out)
 
+    def prior_s(self, name: str, stage: str, gpus: int) -> float:
+        """Seconds of ``stage`` of ``name`` on ``gpus`` GPUs by the prior alone (interpolated between widths)."""
+        return _interp(self.prior(name)[stage], max(1, gpus))
+
     def stage_s(self, name: str, history: tuple[StageTiming, ...], stage: str, gpus: int) -> float:
         """Predicted seconds of ``stage`` of the next step on ``gpus`` GPUs."""
-        return self.correction(name, history, stage) * _interp(self.prior(name)[stage], max(1, gpus))
-
-    def forecast(self, name: str, history: tuple[StageTiming, ...], rollout_gpus: int, train_gpus: int) -> StepForecast:
-        """The next step of ``name`` with its rollout on ``rollout_gpus`` and training on ``train_gpus``."""
-        return StepForecast(
-            rollout_s=self.stage_s(name, history, ROLLOUT, rollout_gpus),
-            logprob_s=self.stage_s(name, history, LOGPROB, train_gpus),
-            update_s=self.stage_s(name, history, UPDATE, train_gpus),
-            sync_s=self.stage_s(name, history, WEIGHT_SYNC, 1),
-        )
-
-    def widths(self, name: str, stage: str) -> list[int]:
-        """Widths the prior covers for ``stage``."""
-        return sorted(self.prior(name)[stage])
+        return self.correction(name, history, stage) * self.prior_s(name, stage, gpus)
 
     def _curve(self, name: str, curve: StageTiming | None) -> tuple[float, ...]:
         n = self.specs[name].samples_per_step

@@ -5,24 +5,21 @@ training stage (``host_from``) and whose replica it is. Each pipeline then advan
 (rollout -> log-prob -> update -> weight sync -> rollout ...) in time order; a stage starts at the best of a few
 moments (now, the next GPU releases, the next tails that could host it) on the width the predictor says finishes
 first, exclusively or, for training, joined onto other pipelines' tails at the interference table's speed. The
-rules mirror what the policy itself would do later, so a candidate is scored by the future it leads to.
+widths come from the policy's own rules (:class:`~jigsaw_verl.policy.jigsaw.planning.PlanningModel`), so a
+candidate is scored by the future it leads to.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
 from jigsaw_verl.policy.interface import Migrate, Snapshot, StartStage
 from jigsaw_verl.policy.jigsaw.migration_planner import MigrationPlan, in_tail, plan_migration
-from jigsaw_verl.policy.jigsaw.predictor import _interp
-
-if TYPE_CHECKING:
-    from jigsaw_verl.policy.jigsaw.lookahead import LookAheadPolicy
+from jigsaw_verl.policy.jigsaw.planning import PlanningModel, active_pipelines, fair_share
 
 NEXT_STAGE = {ROLLOUT: LOGPROB, LOGPROB: UPDATE, UPDATE: WEIGHT_SYNC, WEIGHT_SYNC: ROLLOUT}
 WAIT_OPTIONS = 3  # later moments a placement may wait for (GPU releases, tails to join)
@@ -33,20 +30,20 @@ class RollForward:
     """One decision's predictions and the scoring of candidates.
 
     Args:
-        policy: the policy (its predictor, config, specs).
+        planning: the policy's planning model (its predictor, knobs, specs, width rules).
         snap: the snapshot decided on.
     """
 
-    def __init__(self, policy: LookAheadPolicy, snap: Snapshot):
-        self.p, self.snap = policy, snap
-        self.corr = policy.pred.corrections(snap.history)
+    def __init__(self, planning: PlanningModel, snap: Snapshot):
+        self.planning, self.snap = planning, snap
+        self.corr = planning.pred.corrections(snap.history)
         self._dur: dict[tuple[str, str, int], float] = {}
         self._width_memo: dict[tuple[str, str, int, int], int] = {}
         self.curves = {h.pipeline: h for h in snap.history if h.stage == ROLLOUT}
         now, n = snap.now_s, snap.num_gpus
-        active = self.active = sum(v.arrived and not v.finished for v in snap.pipelines)
-        self.fair = max(1, n // max(1, active))
-        self.horizon = min(policy.cfg.horizon, max(1, policy.cfg.placement_budget // max(1, active)))
+        active = self.active = active_pipelines(snap)
+        self.fair = fair_share(snap)
+        self.horizon = min(planning.knobs.horizon, max(1, planning.knobs.placement_budget // max(1, active)))
         self.end = np.full(n, now)
         self.host_from = np.full(n, math.inf)
         self.owner = np.full(n, -1)
@@ -68,21 +65,21 @@ class RollForward:
                 self.stage_end[v.name] = max(self.stage_end.get(v.name, now), end)
 
     def _running_rollout(self, name: str, reps: list, width: int) -> float:
-        p, now = self.p, self.snap.now_s
+        m, now = self.planning, self.snap.now_s
         total = self.dur(name, ROLLOUT, width)
         live = [r.live + r.queued for r in reps]
         curve = self.curves.get(name)
-        rem = p.pred.replica_remaining_s(name, curve, total, live)
-        host = now + p.pred.time_until_outstanding_s(
-            name, curve, total, sum(live), int(p.cfg.colocate_live_per_replica * len(reps))
+        rem = m.pred.replica_remaining_s(name, curve, total, live)
+        host = now + m.pred.time_until_outstanding_s(
+            name, curve, total, sum(live), int(m.knobs.colocate_live_per_replica * len(reps))
         )
         if reps:  # every replica's GPUs at once
             self.replica_end.update((r.replica, now + t) for r, t in zip(reps, rem))
             idx = [g for r in reps for g in r.gpus]
             np.maximum.at(self.end, idx, np.repeat(now + np.asarray(rem), [len(r.gpus) for r in reps]))
             self.host_from[idx] = host
-            self.owner[idx] = p.index[name]
-        if p.cfg.migration and p.cfg.horizon > 0 and reps and in_tail(reps, p.cfg.tail_live_per_replica):
+            self.owner[idx] = m.index[name]
+        if m.knobs.migration and m.knobs.horizon > 0 and reps and in_tail(reps, m.knobs.tail_live_per_replica):
             colocated = any(len(self.snap.leases[g]) > 1 for r in reps for g in r.gpus)
             plan = None if colocated else self._plan(name, reps, rem)
             if plan is not None and plan.worth_it():
@@ -90,39 +87,40 @@ class RollForward:
         return now + max(rem, default=0.0)
 
     def _plan(self, name: str, reps, rem) -> MigrationPlan | None:
-        cfg = self.p.cfg
+        m = self.planning
         return plan_migration(
-            self.p.specs[name],
-            self.p.cost,
+            m.specs[name],
+            m.cost,
             reps,
             rem,
-            tail_live_per_replica=cfg.tail_live_per_replica,
-            max_live_per_target=cfg.max_live_per_target,
+            tail_live_per_replica=m.knobs.tail_live_per_replica,
+            max_live_per_target=m.knobs.max_live_per_target,
         )
 
     def dur(self, name: str, stage: str, gpus: int) -> float:
         """Predicted seconds of ``stage`` of ``name`` on ``gpus`` GPUs running alone (memoised per decision)."""
         key = (name, stage, gpus)
         if key not in self._dur:
-            self._dur[key] = self.corr.get((name, stage), 1.0) * _interp(self.p.pred.prior(name)[stage], max(1, gpus))
+            self._dur[key] = self.corr.get((name, stage), 1.0) * self.planning.pred.prior_s(name, stage, gpus)
         return self._dur[key]
 
     def _width(self, name: str, stage: str, k: int, home: dict[str, int]) -> int:
         """The width the policy would give ``stage`` out of ``k`` GPUs."""
+        m = self.planning
         if stage == ROLLOUT:
-            tp = self.p.specs[name].rollout_tp
-            return min(k, max(tp, self.fair // tp * tp)) // tp * tp
+            tp = m.specs[name].rollout_tp
+            return min(k, m.rollout_cap(name, self.fair)) // tp * tp
         if stage in (UPDATE, WEIGHT_SYNC) and name in home:
             return min(k, home[name])
         if k <= 0:
             return 0
-        return max(min(k, self.p.rm.min_train[name]), self.p._best_width(name, LOGPROB, k))
+        return max(min(k, m.rm.min_train[name]), m.best_width(name, LOGPROB, k))
 
     # ---- scoring ---------------------------------------------------------------------------------------------
     def score(self, actions: tuple) -> float:
         """Predicted completion of every pipeline's next ``self.horizon`` stages under ``actions``: the latest one
         (weighted) plus the mean, so none is starved and no GPU time is wasted."""
-        snap, p, now = self.snap, self.p, self.snap.now_s
+        snap, m, now = self.snap, self.planning, self.snap.now_s
         end, host, owner = self.end.copy(), self.host_from.copy(), self.owner.copy()
         home = {v.name: len(v.train_gpus) for v in snap.pipelines if v.train_gpus}
         state: dict[str, tuple[float, str, int, int]] = {}  # pipeline -> (ready s, next stage, step, depth)
@@ -156,47 +154,41 @@ class RollForward:
                 idx = np.array(a.gpus)
                 if a.sm_share < 1.0:
                     busy = idx[end[idx] > now]
-                    partner = p.train_speed if a.stage == ROLLOUT else TAIL_SLOWDOWN
+                    partner = m.train_speed if a.stage == ROLLOUT else TAIL_SLOWDOWN
                     end[busy] = now + (end[busy] - now) / partner
-                    d = d if a.stage == ROLLOUT else d / p.train_speed
+                    d = d if a.stage == ROLLOUT else d / m.train_speed
                 self._occupy(end, host, owner, idx, now, d, a.pipeline, a.stage)
                 state[a.pipeline] = (now + d, NEXT_STAGE[a.stage], a.step + (a.stage == WEIGHT_SYNC), 1)
-        heap = [(t, p.index[name], name, stage, step, depth) for name, (t, stage, step, depth) in state.items()]
+        heap = [(t, m.index[name], name, stage, step, depth) for name, (t, stage, step, depth) in state.items()]
         heapq.heapify(heap)
         total, worst = 0.0, 0.0
         while heap:
             t, i, name, stage, step, depth = heapq.heappop(heap)
-            spec = p.specs[name]
+            spec = m.specs[name]
             if depth >= self.horizon or step >= spec.steps or (stage == WEIGHT_SYNC and step == spec.steps - 1):
                 limit = spec.max_latency_inflation
-                excess = max(0.0, (t - now) - limit * p.alone_step_s[name] * depth / 4) if limit else 0.0
+                excess = max(0.0, (t - now) - limit * m.alone_step_s[name] * depth / 4) if limit else 0.0
                 total += spec.weight * (t - now) + 10.0 * spec.weight * excess
                 worst = max(worst, spec.weight * (t - now))
                 continue
             stop = self._place(end, host, owner, home, name, stage, t)
             heapq.heappush(heap, (stop, i, name, NEXT_STAGE[stage], step + (stage == WEIGHT_SYNC), depth + 1))
-        return worst + total / max(1, len(p.specs))
+        return worst + total / max(1, len(m.specs))
 
     def _occupy(self, end, host, owner, idx, start: float, d: float, name: str, stage: str) -> None:
+        m = self.planning
         end[idx] = np.maximum(end[idx], start + d)
         if stage == ROLLOUT:
-            reps = max(1, len(idx) // self.p.specs[name].rollout_tp)  # the tail begins per replica of this width
-            host[idx] = start + d * self.p.pred.tail_fraction(name, self.p.cfg.colocate_live_per_replica, reps)
-            owner[idx] = self.p.index[name]
+            reps = max(1, len(idx) // m.specs[name].rollout_tp)  # the tail begins per replica of this width
+            host[idx] = start + d * m.pred.tail_fraction(name, m.knobs.colocate_live_per_replica, reps)
+            owner[idx] = m.index[name]
         else:
             host[idx], owner[idx] = math.inf, -1
 
-    def _place(self, end, host, owner, home, name: str, stage: str, t: float) -> float:
-        """Start ``stage`` of ``name`` (ready at ``t``) where it finishes first; return its predicted end.
-
-        The moments tried are ``t`` and the next ``WAIT_OPTIONS`` distinct GPU releases (and, for training, tails
-        becoming joinable); free GPUs per moment are counted on the sorted release times, and the GPUs themselves
-        are looked up only for the moment chosen."""
-        p = self.p
-        need = p.specs[name].rollout_tp if stage == ROLLOUT else p.rm.min_train[name]
-        joins = stage != ROLLOUT and p.cfg.colocation
-        me = p.index[name]
-        es = np.sort(end)
+    @staticmethod
+    def _moments(es: np.ndarray, host: np.ndarray, t: float, joins: bool) -> list[float]:
+        """``t`` and the next ``WAIT_OPTIONS`` distinct moments after it a GPU frees (``es``: the release times,
+        sorted) or, for a stage that ``joins`` tails, a tail becomes joinable (``host``)."""
         later = es[int(es.searchsorted(t, "right")) :]
         if joins:
             hs = host[(host > t) & (host < math.inf)]
@@ -204,7 +196,20 @@ class RollForward:
                 later = np.sort(np.concatenate([later, hs]))
         if later.size > 1:  # distinct values of a sorted array
             later = later[np.concatenate(([True], later[1:] != later[:-1]))]
-        moments = [t, *later[:WAIT_OPTIONS].tolist()]
+        return [t, *later[:WAIT_OPTIONS].tolist()]
+
+    def _place(self, end, host, owner, home, name: str, stage: str, t: float) -> float:
+        """Start ``stage`` of ``name`` (ready at ``t``) where it finishes first; return its predicted end.
+
+        The moments tried are ``t`` and the next ``WAIT_OPTIONS`` distinct GPU releases (and, for training, tails
+        becoming joinable); free GPUs per moment are counted on the sorted release times, and the GPUs themselves
+        are looked up only for the moment chosen."""
+        m = self.planning
+        need = m.specs[name].rollout_tp if stage == ROLLOUT else m.rm.min_train[name]
+        joins = stage != ROLLOUT and m.knobs.colocation
+        me = m.index[name]
+        es = np.sort(end)
+        moments = self._moments(es, host, t, joins)
         at = np.asarray(moments)
         taus = at + 1e-9
         counts = es.searchsorted(taus, "right").tolist()
@@ -227,7 +232,7 @@ class RollForward:
                 key = (name, stage, k + co_counts[i], h)
                 g2 = width[key] if key in width else width.setdefault(key, self._width(name, stage, key[2], home))
                 if g2 >= need and g2 > g:
-                    finish = tau + self.dur(name, stage, g2) / p.train_speed
+                    finish = tau + self.dur(name, stage, g2) / m.train_speed
                     if best is None or finish < best[0] - 1e-9:
                         best = (finish, i, k, g2 - k)
         if best is None:  # nothing ever frees in the model: start when the last GPU frees

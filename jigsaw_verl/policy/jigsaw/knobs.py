@@ -1,0 +1,42 @@
+"""The JigsawRL scheduler's knobs, with their defaults (the one place they are set)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jigsaw_verl.model.graph import ROLLOUT
+
+
+@dataclass(frozen=True, kw_only=True)
+class JigsawKnobs:
+    """Knobs of the scheduler (defaults chosen with ``scripts/bench_sim.py``).
+
+    Attributes:
+        horizon: stages per pipeline rolled forward when scoring a candidate; 0 is ``greedy``.
+        max_candidates: candidate action sets scored per decision.
+        placement_budget: stage placements one roll-forward may make; with many pipelines the horizon shrinks to
+            ``placement_budget // pipelines`` (at least 1), and a decision scores at most ``4 * placement_budget``
+            placements (at least 2 candidates), so it stays within milliseconds.
+        migration: whether tails may be merged (k -> m replicas).
+        colocation: whether two sub-stages may share a GPU with SM shares.
+        min_gain: relative predicted gain over the greedy plan an alternative needs to be taken.
+        tail_live_per_replica: a rollout is in its tail below this many live requests per replica.
+        colocate_live_per_replica: a replica with at most this many live requests (and none queued) is in its
+            memory-bound tail and may host a training stage.
+        deferrable: stages a candidate may hold back to start them wider later.
+        max_live_per_target: live requests a merge target may end up with.
+        interference_file: a profiled interference table (JSON, see
+            :mod:`jigsaw_verl.policy.jigsaw.interference`); ``None`` derives it from the cost model.
+    """
+
+    horizon: int = 8
+    max_candidates: int = 16
+    placement_budget: int = 32
+    migration: bool = True
+    colocation: bool = True
+    min_gain: float = 0.05
+    tail_live_per_replica: float = 1.0
+    colocate_live_per_replica: int = 32
+    deferrable: tuple[str, ...] = (ROLLOUT,)
+    max_live_per_target: int = 2
+    interference_file: str | None = None

@@ -1,0 +1,92 @@
+"""The scheduler's planning model: what its first-fit and its roll-forward both plan with.
+
+One object per workload holds the knobs, the pipelines, the predictor, memory admission and the interference
+speeds, and the rules for how wide a stage gets: a rollout its fair share of the pool in whole replicas, a
+training stage its fastest predicted width. The policy (:mod:`jigsaw_verl.policy.jigsaw.lookahead`) places stages
+with these rules and the roll-forward (:mod:`jigsaw_verl.policy.jigsaw.rollforward`) predicts with the same ones,
+so a candidate is scored by the future the policy itself would make.
+"""
+
+from __future__ import annotations
+
+from jigsaw_verl.model.cost_model import CostModel
+from jigsaw_verl.model.graph import ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
+from jigsaw_verl.model.memory import min_train_gpus
+from jigsaw_verl.model.spec import WorkloadSpec
+from jigsaw_verl.policy.interface import Snapshot
+from jigsaw_verl.policy.jigsaw.interference import InterferenceTable, ResourceManager
+from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
+from jigsaw_verl.policy.jigsaw.predictor import Predictor
+
+
+def active_pipelines(snap: Snapshot) -> int:
+    """Pipelines that have arrived and not finished."""
+    return sum(v.arrived and not v.finished for v in snap.pipelines)
+
+
+def fair_share(snap: Snapshot) -> int:
+    """GPUs each active pipeline gets when the pool is shared evenly (at least 1)."""
+    return max(1, snap.num_gpus // max(1, active_pipelines(snap)))
+
+
+class PlanningModel:
+    """The scheduler's view of one workload, built once.
+
+    Args:
+        workload: the pool and pipelines.
+        knobs: the scheduler's knobs.
+        cost: cost model (the workload GPU's by default).
+
+    Attributes:
+        knobs: the knobs.
+        cost: the cost model.
+        n: pool size.
+        specs: the pipelines, by name.
+        index: each pipeline's position in the workload.
+        rm: memory admission.
+        pred: the predictor.
+        tail_share: SM share a long-tail replica keeps when a training stage joins it (the one the interference
+            table says pays best).
+        train_speed: speed of that training stage, as a fraction of running alone.
+        alone_step_s: per pipeline, the prior's step on the whole pool.
+    """
+
+    def __init__(self, workload: WorkloadSpec, knobs: JigsawKnobs, cost: CostModel | None = None):
+        self.knobs = knobs
+        self.cost = cost or CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
+        self.n = workload.cluster.num_gpus
+        self.specs = {p.name: p for p in workload.pipelines}
+        self.index = {p.name: i for i, p in enumerate(workload.pipelines)}
+        gpu = workload.cluster.gpu
+        self.rm = ResourceManager(
+            specs=self.specs,
+            min_train={
+                p.name: min_train_gpus(p.model, gpu, critic=p.critic, ref_model=p.ref_model) for p in workload.pipelines
+            },
+        )
+        self.pred = Predictor(workload.pipelines, self.cost, self.n, workload.seed)
+        table = (
+            InterferenceTable.load(knobs.interference_file)
+            if knobs.interference_file
+            else InterferenceTable.from_cost_model(self.cost)
+        )
+        # Training joins a long-tail replica (memory-bound) with the SM share the table says pays best.
+        self.tail_share, _, self.train_speed = table.best_share("memory", "compute")
+        self.alone_step_s = {p: sum(self.pred.prior_s(p, st, self.n) for st in STAGES) for p in self.specs}
+
+    def rollout_cap(self, pipeline: str, fair: int) -> int:
+        """The GPUs a rollout gets out of a ``fair`` share: whole replicas, at least one, so concurrent rollouts
+        each get some width."""
+        tp = self.specs[pipeline].rollout_tp
+        return max(tp, fair // tp * tp)
+
+    def best_width(self, pipeline: str, stage: str, available: int) -> int:
+        """Training wider than its fastest predicted width only slows it (collectives across nodes)."""
+        if stage == ROLLOUT:
+            return available
+        table = self.pred.prior(pipeline)[stage if stage != WEIGHT_SYNC else UPDATE]
+        usable = [g for g in table if g <= available]
+        if not usable:
+            return available
+        best = min(usable, key=lambda g: (table[g], g))
+        return available if best == max(usable) else best
