@@ -85,8 +85,8 @@ def test_files_and_functions_stay_readable():
 
 def test_importing_the_pure_layers_and_the_runner_loads_no_heavy_module():
     code = (
-        "import sys, jigsaw_verl.model.graph, jigsaw_verl.policy.registry, jigsaw_verl.pool.snapshot, jigsaw_verl.sim.runner,"
-        " jigsaw_verl.report.trace, jigsaw_verl.cli;"
+        "import sys, jigsaw_verl.model.graph, jigsaw_verl.policy.registry, jigsaw_verl.pool.snapshot,"
+        " jigsaw_verl.sim.runner, jigsaw_verl.report.trace, jigsaw_verl.cli;"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(HEAVY)!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
