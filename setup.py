@@ -28,20 +28,21 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "verl==0.9.1",
-        # A CPU build on CPU machines; GPU clusters install the matching CUDA build of the same version.
-        "torch==2.13.0",
+        # Ranges here; the exact versions come from a constraints file: constraints.txt on CPU machines (torch
+        # 2.13.0 CPU build), constraints-gpu.txt on GPU hosts (verl 0.9.1's tested vLLM set, torch 2.11.0).
+        "torch>=2.11.0,<2.14",
         "ray==2.60.0",
         "hydra-core==1.3.8",
-        "numpy==2.4.6",
-        "transformers==5.10.4",
+        "numpy>=2.0,<2.5",
+        "transformers>=5.9.0,<5.11,!=5.6.0",
         "tensordict==0.10.0",
         "pyyaml>=6",
         "matplotlib>=3.8",
         *VERL_UNDECLARED,
     ],
     extras_require={
-        # verl's vLLM rollout on GPU machines; it needs a CUDA torch and cannot install on a CPU machine.
-        "gpu": ["vllm"],
+        # verl's vLLM rollout on GPU machines (the version verl 0.9.1 tests; install with constraints-gpu.txt).
+        "gpu": ["vllm==0.24.0"],
         "dev": ["pytest>=8", "hypothesis>=6", "ruff>=0.6"],
     },
     entry_points={

@@ -3,6 +3,8 @@
 - ``jigsaw-verl simulate WORKLOAD.yaml [--policies a,b] [--json F] [--trace F] [--plot F]``
 - ``jigsaw-verl mux "RECIPE.sh [override ...]" ... [--group G] [--pool-slots N] [--policy P] [--out DIR]``: several
   verl recipes multiplexed on one pool (:mod:`jigsaw_verl.runtime.launcher`).
+- ``jigsaw-verl check RECIPE.sh [override ...]``: every pre-Ray check the entry point runs on a recipe joining a
+  group (the ``jigsaw.*`` rules, the model lookup, the step count), and the planning spec; starts nothing.
 - ``jigsaw-verl demo [--out DIR] [--skip-recipe]``: the simulator on the bundled long-CoT workload (table, trace,
   plot), then two tiny GRPO pipelines multiplexed live on one pool of 2 CPU slots (``jigsaw-verl mux``: progress
   per pipeline, combined trace and utilisation plot in ``DIR/mux``).
@@ -108,12 +110,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"demo 2/2: two tiny GRPO pipelines ({recipe.name}, sampling seeds 7 and 11) multiplexed on one pool of 2 "
         f"CPU slots by the jigsaw scheduler, 3 steps each (about 3-5 min); outputs in {out / 'mux'}/"
     )
-    result = launch(recipes, group="demo", pool_slots=2, out=str(out / "mux"), progress=_progress)
+    result = launch(recipes, group="demo", pool_slots=2, policy="jigsaw", out=str(out / "mux"), progress=_progress)
     return result["rc"]
 
 
 def cmd_mux(args: argparse.Namespace) -> int:
-    from jigsaw_verl.runtime.launcher import launch
+    from jigsaw_verl.runtime.launcher import RecipeRefused, launch
 
     if args.pool_slots < 1:
         raise UsageError(f"--pool-slots must be >= 1, got {args.pool_slots}")
@@ -128,9 +130,37 @@ def cmd_mux(args: argparse.Namespace) -> int:
             out=args.out,
             progress=_progress,
         )
+    except RecipeRefused as err:
+        raise UsageError(*err.lines) from None
     except (FileNotFoundError, ValueError) as err:
         raise UsageError(str(err)) from None
     return result["rc"]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Every pre-Ray check the entry point runs on a recipe, as the launcher would run it in a group."""
+    from jigsaw_verl.runtime.recipe_entry import check_recipes
+
+    recipe = [args.recipe, *args.overrides]
+    if not Path(args.recipe).is_file():
+        raise UsageError(f"recipe not found: {args.recipe}")
+    appended = ["jigsaw.enable=true", f"jigsaw.mux.group={args.group}", f"jigsaw.mux.policy={args.policy}"]
+    if args.pool_slots is not None:
+        appended.append(f"jigsaw.mux.pool_slots={args.pool_slots}")
+    (check,) = check_recipes([recipe], [appended])
+    if not check.ok:
+        raise UsageError(*(f"{args.recipe}: {line}" for line in check.problems))
+    spec = check.spec
+    model = spec["model"]
+    print(f"{args.recipe}: can join a multiplexing group")
+    print(
+        f"  model {model['name']} ({model['params'] / 1e9:.3g} B parameters, {model['layers']} layers), "
+        f"{spec['batch_prompts']} prompts x {spec['group_size']} responses a step, rollout TP {spec['rollout_tp']}"
+    )
+    print(f"  steps: {spec['steps']} ({check.steps_how})")
+    print("  planning spec the group's scheduler would see:")
+    print(json.dumps(spec, indent=2))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     mux.add_argument("--gpu", default=None, help="GPU type from the catalogue when --device cuda (e.g. H100-80G)")
     mux.add_argument("--out", default="out/mux", help="folder for logs, metrics, trace and plot (default: out/mux)")
     mux.set_defaults(func=cmd_mux)
+    check = sub.add_parser("check", help="run every pre-Ray check of a recipe as the launcher would, start nothing")
+    check.add_argument("recipe", help="a verl recipe script (calling verl's main_ppo, or jigsaw_verl.main_ppo)")
+    check.add_argument("overrides", nargs=argparse.REMAINDER, help="hydra overrides appended to the recipe's own")
+    check.add_argument("--group", default="check", help="group name to check against (default: check)")
+    check.add_argument("--pool-slots", type=int, default=None, help="slots of the group's pool (default: its own)")
+    check.add_argument("--policy", default="jigsaw", help="scheduling policy (default: jigsaw)")
+    check.set_defaults(func=cmd_check)
     demo = sub.add_parser("demo", help="the simulator, then two CPU pipelines multiplexed live")
     demo.add_argument("--out", default="out", help="folder for the demo's JSON, trace and plot (default: out)")
     demo.add_argument("--skip-recipe", action="store_true", help="only the simulation, not the multiplexed run")
@@ -164,8 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as err:
-        print(f"jigsaw-verl: error: {err}", file=sys.stderr)
+        for line in err.args:
+            print(f"jigsaw-verl: error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("jigsaw-verl: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -14,9 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from jigsaw_verl.integration.settings import JigsawSettings, packaged_defaults
+from jigsaw_verl.integration.trainer.import_swap import LEGACY_MAIN, ImportSwapError, swapped_source
 from jigsaw_verl.integration.trainer.timing import CORE_STAGE, StageTimer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,12 +31,19 @@ def _run(args: list[str], timeout: int = 120, **env) -> subprocess.CompletedProc
     return subprocess.run(args, cwd=ROOT, env=dict(os.environ, **env), capture_output=True, text=True, timeout=timeout)
 
 
-def test_recipe_differs_from_verl_by_the_import_line_only():
-    verl_text = Path(importlib.util.find_spec("verl.trainer.main_ppo_v0").origin).read_text().splitlines()
-    recipe_text = (RECIPE / "main_ppo_v0.py").read_text().splitlines()
-    diff = difflib.unified_diff(verl_text, recipe_text, lineterm="", n=0)
+def test_swapped_recipe_differs_from_verl_by_the_import_line_only():
+    verl_text = Path(importlib.util.find_spec(LEGACY_MAIN).origin).read_text().splitlines()
+    swapped = swapped_source()  # what the recipe runs, produced from the installed verl
+    diff = difflib.unified_diff(verl_text, swapped.splitlines(), lineterm="", n=0)
     changed = [line for line in diff if line[:1] in "+-" and line[:3] not in ("---", "+++")]
     assert changed == ["-" + VERL_IMPORT, "+" + JIGSAW_IMPORT]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "main_ppo_v0.py" not in tracked, "the repository carries no copy of verl's file"
+
+
+def test_swap_refuses_a_source_without_the_line_naming_the_module():
+    with pytest.raises(ImportSwapError, match=r"main_ppo\.py \(verl .*\) holds the line .* 0 times, not once"):
+        swapped_source("verl.trainer.main_ppo", old="from verl.nowhere import RayPPOTrainer")
 
 
 def test_dropin_subclasses_verl_trainer_and_copies_no_loop():

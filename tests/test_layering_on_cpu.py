@@ -27,7 +27,19 @@ LAYERS = {
     "runtime": ({"model", "policy", "pool", "report", "runtime"}, {"numpy", "ray"}),
     "integration": (
         {"model", "policy", "pool", "report", "runtime", "integration", "patches"},
-        HEAVY | {"numpy", "yaml", "fastapi", "uvicorn", "cachetools", "pandas", "pyarrow", "datasets", "tokenizers"},
+        HEAVY
+        | {
+            "numpy",
+            "yaml",
+            "fastapi",
+            "uvicorn",
+            "cachetools",
+            "pandas",
+            "pyarrow",
+            "datasets",
+            "tokenizers",
+            "huggingface_hub",
+        },
     ),
 }
 PURE = ("model", "policy", "pool", "sim")  # files ~400 lines, functions ~60

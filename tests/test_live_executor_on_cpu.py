@@ -114,7 +114,7 @@ def test_bad_requests_are_refused():
         ex.join(_spec("a"), 2, 0.0)
     with pytest.raises(ValueError, match="not granted"):
         ex.finish("a", 0, "update", 0.0)
-    with pytest.raises(PolicyRefused, match="jigsaw.mux.policy='nope' is not a registered policy"):
+    with pytest.raises(PolicyRefused, match="jigsaw.mux.policy='nope' is unknown"):
         live_policy_factory("nope")
 
 

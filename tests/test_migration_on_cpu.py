@@ -227,9 +227,9 @@ def test_chosen_requests_move_to_chosen_targets(ray_session, prompts):
 def _agent_loop_config(model_dir: str):
     from hydra import compose, initialize_config_dir
 
-    import jigsaw_verl
+    from jigsaw_verl.integration.settings import CONFIG_FILE
 
-    config_dir = str(__import__("pathlib").Path(jigsaw_verl.__file__).parent / "config")
+    config_dir = str(CONFIG_FILE.parent)
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(
             config_name="jigsaw_ppo_trainer",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from jigsaw_verl.integration.cpu.assets import build_tiny_assets
 from jigsaw_verl.integration.main_ppo import check_jigsaw_config, check_mux_policy
 from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name, mux_pool_slots, mux_slots
 from jigsaw_verl.integration.rollout.tail_monitor import TailMonitor, TailPolicy
@@ -36,6 +37,10 @@ def _run_config(**jigsaw) -> DictConfig:
                 "use_v1": True, "v1": {"trainer_mode": "sync"},
             },
             "reward": {"reward_model": {"enable_resource_pool": False}},
+            "actor_rollout_ref": {
+                "model": {"path": str(build_tiny_assets().model)}, "actor": {"strategy": "fsdp"},
+                "rollout": {"name": "vllm"},
+            },
             "jigsaw": jigsaw,
         }
     )  # fmt: skip

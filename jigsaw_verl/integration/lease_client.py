@@ -31,10 +31,11 @@ class StageLeases:
 
     Args:
         mux: the pipeline's ``jigsaw.mux`` settings.
-        config: the run's verl config (the trainer's device and GPUs, the planning spec's model, batch and steps).
+        config: the run's verl config (the trainer's device and GPUs, the planning spec's model and batch).
+        steps: the steps the trainer trains (its ``total_training_steps``, by verl's rule).
     """
 
-    def __init__(self, mux: MuxSettings, config):
+    def __init__(self, mux: MuxSettings, config, *, steps: int):
         if not mux.group:
             raise JigsawConfigError("jigsaw.enable=true needs jigsaw.mux.group: the multiplexing group to join")
         self.pipeline = mux_pipeline_name(mux, config)
@@ -42,7 +43,7 @@ class StageLeases:
         gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.gpu)
         pool = mux_pool_slots(mux, config)
         self.scheduler = get_scheduler(mux.group, pool, gpu, mux.policy, mux.max_pipelines)
-        spec = pipeline_spec_from_verl(self.pipeline, config)
+        spec = pipeline_spec_from_verl(self.pipeline, config, steps=steps)
         self.presence = ray.remote(Presence).options(num_cpus=0).remote()
         try:
             ray.get(self.scheduler.join.remote(spec, slots, self.presence, offload=mux.offload))

@@ -7,23 +7,28 @@ Every verl override works unchanged; with ``jigsaw.enable=false`` the run is ver
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name, mux_slots
+from jigsaw_verl.integration.mux_checks import check_mux_policy, check_mux_run
+from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name
 from jigsaw_verl.integration.settings import (
+    CONFIG_FILE,
     KNOWN_KEYS,
     JigsawConfigError,
     JigsawSettings,
-    MuxSettings,
     refuse_unknown,
 )
 
 # JigsawConfigError is imported from here by recipes (recipes/legacy_dropin/main.py)
 __all__ = ["JigsawConfigError", "check_jigsaw_config", "check_jigsaw_overrides", "check_mux_policy", "main", "prepare"]
+from jigsaw_verl.runtime.recipe_entry import CHECK_ENV
+
 # environment the launcher gives a pipeline that its Ray actors need too
 FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH",)
 
@@ -52,70 +57,44 @@ def check_jigsaw_config(config: DictConfig) -> JigsawSettings:
     """
     settings = JigsawSettings.from_config(config)
     if settings.enable:
-        _check_mux(settings.mux, config)
-    if settings.migration.enable:
-        mode = config.trainer.v1.get("trainer_mode", "sync")
-        if mode not in ("sync", "jigsaw"):
-            raise JigsawConfigError(
-                f"jigsaw.migration.enable=true runs trainer.v1.trainer_mode=jigsaw (sync + migration); "
-                f"trainer.v1.trainer_mode={mode!r} is not supported with it"
-            )
+        check_mux_run(settings.mux, config)
+    check_migration(settings, config)
     return settings
 
 
-def check_mux_policy(policy: str) -> None:
-    """Refuse a ``jigsaw.mux.policy`` the registry does not know, or one the live runtime cannot run: a policy that
-    needs asynchronous execution (staleness, overlapping stages, interruptible rollouts) beyond the runtime's
-    :data:`~jigsaw_verl.runtime.live_policy.LIVE_FEATURES` (none yet)."""
-    from jigsaw_verl.policy.registry import POLICIES
-    from jigsaw_verl.runtime.live_policy import LIVE_FEATURES, live_policy_names
-
-    try:
-        record = POLICIES.get(policy)
-    except KeyError:
-        known = ", ".join(sorted(POLICIES.names()))
-        raise JigsawConfigError(f"jigsaw.mux.policy={policy!r} is unknown (known: {known})") from None
-    needs = record.needs - LIVE_FEATURES
-    if needs:
-        raise JigsawConfigError(
-            f"jigsaw.mux.policy={policy!r} needs asynchronous execution ({', '.join(sorted(needs))}), which the live "
-            f"runtime does not run yet; it can run: {', '.join(live_policy_names())}"
-        )
-
-
-def _check_mux(mux: MuxSettings, config: DictConfig) -> None:
-    """The checks of a multiplexed run (``jigsaw.enable=true``) against verl's own keys."""
-    if not mux.group:
-        raise JigsawConfigError("jigsaw.enable=true needs jigsaw.mux.group: the multiplexing group to join")
-    if config.trainer.get("total_training_steps") is None:
-        raise JigsawConfigError("jigsaw.enable=true needs trainer.total_training_steps (the scheduler plans steps)")
-    check_mux_policy(mux.policy)
-    slots, pool, name = mux_slots(mux, config), mux.pool_slots, mux_pipeline_name(mux, config)
-    if pool is not None and slots > pool:
-        raise JigsawConfigError(
-            f"jigsaw.mux.slots: pipeline {name!r} needs {slots} slots (trainer.n_gpus_per_node x trainer.nnodes "
-            f"unless set) but group {mux.group!r} has a pool of {pool}"
-        )
-    # the pipeline's workers go into the group's one-node pool (mux.shared_pool); say so before Ray starts
-    if int(config.trainer.nnodes) != 1:
-        raise JigsawConfigError(
-            f"trainer.nnodes={config.trainer.nnodes}: a multiplexing group's pool is one node (jigsaw.enable=true)"
-        )
-    if config.reward.get("reward_model", {}).get("enable_resource_pool", False):
-        raise JigsawConfigError(
-            "reward.reward_model.enable_resource_pool=true: a multiplexed pipeline runs all its roles in the "
-            "group's pool (jigsaw.enable=true)"
-        )
-    if pool is not None and int(config.trainer.n_gpus_per_node) > pool:
-        raise JigsawConfigError(
-            f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}: pipeline {name!r} "
-            f"places more workers than group {mux.group!r} has pool slots ({pool})"
-        )
+def check_migration(settings: JigsawSettings, config: DictConfig) -> None:
+    """The checks of ``jigsaw.migration.enable=true`` against verl's trainer mode and rollout backend."""
+    if not settings.migration.enable:
+        return
     mode = config.trainer.v1.get("trainer_mode", "sync")
-    if mode not in ("sync", "jigsaw") or not config.trainer.get("use_v1", True):
+    if mode not in ("sync", "jigsaw"):
         raise JigsawConfigError(
-            f"jigsaw.enable=true runs verl's V1 trainer in mode jigsaw; trainer.v1.trainer_mode={mode!r} "
-            f"/ trainer.use_v1={config.trainer.get('use_v1')} is not supported with it"
+            f"jigsaw.migration.enable=true runs trainer.v1.trainer_mode=jigsaw (sync + migration); "
+            f"trainer.v1.trainer_mode={mode!r} is not supported with it"
+        )
+    if config.actor_rollout_ref.rollout.get("name") == "sglang":
+        raise JigsawConfigError(
+            "jigsaw.migration.enable=true: verl's SGLang server has no per-request abort, which migration needs; "
+            "use actor_rollout_ref.rollout.name=vllm or jigsaw.migration.enable=false"
+        )
+
+
+def check_entry_args(argv: list[str]) -> None:
+    """Refuse a primary config other than verl's ``ppo_trainer`` (the entry point composes it plus the ``jigsaw``
+    group): a recipe's ``--config-name`` / ``--config-path``, e.g. verl's Megatron recipes."""
+    for i, arg in enumerate(argv):
+        flag, _, value = arg.partition("=")
+        if flag not in PRIMARY_CONFIG_FLAGS:
+            continue
+        value = value or (argv[i + 1] if i + 1 < len(argv) else "")
+        if flag in ("--config-name", "-cn") and value.removesuffix(".yaml") in ("ppo_trainer", "jigsaw_ppo_trainer"):
+            continue
+        if flag in ("--config-path", "-cp") and value in ("config", str(CONFIG_FILE.parent)):
+            continue
+        raise JigsawConfigError(
+            f"{flag}={value}: jigsaw_verl.main_ppo composes verl's ppo_trainer config plus the jigsaw group; a "
+            "recipe with another primary config (verl's Megatron recipes: ppo_megatron_trainer) cannot join a "
+            "group yet"
         )
 
 
@@ -178,6 +157,11 @@ def hydra_main(config: DictConfig) -> None:
     """hydra's entry: :func:`prepare` (bad input: one line on stderr, exit code 2), then verl's ``main_ppo``."""
     from jigsaw_verl.integration.cpu.backend import CPUConfigError
 
+    if os.environ.get(CHECK_ENV):  # jigsaw-verl check / the launcher: every pre-Ray check, then stop
+        from jigsaw_verl.integration.entry_check import check_report
+
+        report = check_report(config)
+        sys.exit(write_verdict(Path(os.environ[CHECK_ENV]), **report))
     try:
         prepare(config)
     except (JigsawConfigError, CPUConfigError) as err:
@@ -188,13 +172,46 @@ def hydra_main(config: DictConfig) -> None:
     verl_main(config)  # hydra's decorator passes a given config straight through
 
 
+PRIMARY_CONFIG_FLAGS = ("--config-name", "-cn", "--config-path", "-cp")
+
+
+def _without_primary_config(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg.partition("=")[0] in PRIMARY_CONFIG_FLAGS:
+            skip = "=" not in arg  # its value is the next word
+        else:
+            out.append(arg)
+    return out
+
+
+def write_verdict(
+    path: Path, problems: list[str], *, spec: dict | None = None, how: str = "", composing: bool = False
+) -> int:
+    """Write the check mode's verdict for the launcher (and print each problem); the exit code: 0 or 2."""
+    path.write_text(json.dumps({"problems": problems, "spec": spec, "how": how, "composing": composing}))
+    for line in problems:
+        print(f"jigsaw_verl.main_ppo: error: {line}", file=sys.stderr)
+    return 2 if problems else 0
+
+
 def main() -> None:
-    """``python -m jigsaw_verl.main_ppo``: the command-line override check, then hydra (:func:`hydra_main`)."""
+    """``python -m jigsaw_verl.main_ppo``: the command-line checks, then hydra (:func:`hydra_main`)."""
+    argv = sys.argv[1:]
     try:
-        check_jigsaw_overrides(sys.argv[1:])
+        check_entry_args(argv)
+        argv = _without_primary_config(argv)  # verl's own, which the entry point composes anyway
+        check_jigsaw_overrides(argv)
     except JigsawConfigError as err:
+        if os.environ.get(CHECK_ENV):
+            sys.exit(write_verdict(Path(os.environ[CHECK_ENV]), [str(err)]))
         print(f"jigsaw_verl.main_ppo: error: {err}", file=sys.stderr)
         sys.exit(2)
+    if os.environ.get(CHECK_ENV):
+        write_verdict(Path(os.environ[CHECK_ENV]), [], composing=True)  # replaced once hydra has composed
+    sys.argv[1:] = argv
     hydra_main()
 
 

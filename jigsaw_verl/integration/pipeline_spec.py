@@ -2,17 +2,17 @@
 
 The policy needs a prior for each pipeline's stages before any step ran; its predictor then corrects it from the
 stage times the pipeline reports (the snapshot's history). The prior comes from what the verl config says: the
-model's ``config.json`` (exact parameter count, layers, heads), prompts per step, responses per prompt, the
-length caps (a response median of half the cap, p99 at the cap: the predictor replaces them with what it sees),
-rollout TP, steps, whether there is a reference model or a critic.
+model's ``config.json`` (from a local folder or the local Hugging Face cache, :mod:`.model_lookup`: exact
+parameter count, layers, heads), prompts per step, responses per prompt, the length caps (a response median of half
+the cap, p99 at the cap: the predictor replaces them with what it sees), rollout TP, steps, whether there is a
+reference model or a critic.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from jigsaw_verl.integration.model_lookup import find_model_config
 from jigsaw_verl.model.catalogue import model_from_hf_config
 from jigsaw_verl.model.spec import LengthDist, PipelineSpec
 
@@ -47,18 +47,16 @@ def mux_pool_slots(mux: MuxSettings, config) -> int:
     return mux.pool_slots if mux.pool_slots is not None else mux_slots(mux, config)
 
 
-def pipeline_spec_from_verl(name: str, config) -> PipelineSpec:
-    """The planning spec of a verl run (``config`` is verl's resolved DictConfig, or a nested dict)."""
-    model_dir = Path(str(_get(config, "actor_rollout_ref.model.path")))
-    config_json = model_dir / "config.json"
-    if not config_json.is_file():
-        raise FileNotFoundError(f"actor_rollout_ref.model.path: {config_json} not found (the scheduler reads it)")
-    model = model_from_hf_config(json.loads(config_json.read_text()), name=model_dir.name)
+def pipeline_spec_from_verl(name: str, config, *, steps: int | None = None) -> PipelineSpec:
+    """The planning spec of a verl run (``config`` is verl's resolved DictConfig, or a nested dict); ``steps``: the
+    count the trainer computed (verl's rule), else ``trainer.total_training_steps``."""
+    found = find_model_config(str(_get(config, "actor_rollout_ref.model.path")))
+    model = model_from_hf_config(found.config, name=found.name)
     prompt_cap = int(_get(config, "data.max_prompt_length", 512))
     response_cap = int(_get(config, "data.max_response_length", 512))
-    steps = _get(config, "trainer.total_training_steps")
+    steps = steps if steps is not None else _get(config, "trainer.total_training_steps")
     if steps is None:
-        raise ValueError("trainer.total_training_steps: set it for a multiplexed run (the scheduler plans every step)")
+        raise ValueError("trainer.total_training_steps: unknown here; pass the trainer's step count")
     algorithm = "ppo" if str(_get(config, "algorithm.adv_estimator", "grpo")) == "gae" else "grpo"
     return PipelineSpec(
         name=name,

@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from jigsaw_verl.model.catalogue import GPUSpec
 from jigsaw_verl.model.footprint import stage_resident_bytes
 from jigsaw_verl.model.graph import ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
-from jigsaw_verl.model.memory import rollout_weight_bytes, train_state_bytes, usable_bytes
 from jigsaw_verl.model.spec import ClusterSpec, PipelineSpec, WorkloadSpec
-from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, ReplicaView, Snapshot, features_of
+from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, Snapshot, features_of
 from jigsaw_verl.pool.holds import Hold, Refusal, Segment, SlotHolds
 from jigsaw_verl.pool.progress import PipelineProgress
 from jigsaw_verl.pool.snapshot import ExecutorView, build_snapshot
@@ -54,37 +53,11 @@ from jigsaw_verl.runtime.leases import (
     ReplicaReport,
     lease_slices,
 )
+from jigsaw_verl.runtime.live_view import REPLICA_ID_STRIDE, LivePipe, replica_slots, replica_views, slot_free_bytes
 
 logger = logging.getLogger(__name__)
 
-# a replica's id in the snapshot: pipeline index * stride + replica rank (unique within the group)
-REPLICA_ID_STRIDE = 10_000
-
 __all__ = ["Grant", "LiveExecutor", "MigrationOrder", "PolicyRefused", "PoolTooSmall", "ReplicaReport"]
-
-
-@dataclass(eq=False)
-class _LivePipe:
-    """One joined pipeline: its progress (the pool's record) and what only the live executor tracks."""
-
-    spec: PipelineSpec
-    progress: PipelineProgress
-    home: tuple[int, ...]
-    offload: bool
-    requested: tuple[int, str] | None = None
-    requested_s: float = 0.0
-    running: dict[tuple[int, str], Grant] = field(default_factory=dict)
-    holds: dict[tuple[int, str], Hold] = field(default_factory=dict)
-    train_gpus: tuple[int, ...] = ()
-    # the running rollout's replicas, by rank, as last reported; ranks ordered away / already migrated away
-    replicas: dict[int, ReplicaReport] = field(default_factory=dict)
-    migrating: set[int] = field(default_factory=set)
-    gone: set[int] = field(default_factory=set)
-    orders: list[MigrationOrder] = field(default_factory=list)
-
-    @property
-    def index(self) -> int:
-        return self.progress.index
 
 
 class LiveExecutor:
@@ -104,7 +77,7 @@ class LiveExecutor:
             raise ValueError(f"the pool needs at least one slot, got {num_slots}")
         self.num_slots, self.gpu = num_slots, gpu
         self.policy_factory, self.policy_name = policy_factory, policy_name
-        self.pipes: dict[str, _LivePipe] = {}
+        self.pipes: dict[str, LivePipe] = {}
         self.holds = SlotHolds(num_slots)
         self.history: list = []
         self.slices: list[Slice] = []
@@ -124,7 +97,7 @@ class LiveExecutor:
             raise PoolTooSmall(f"pipeline {spec.name!r} needs {slots} slots but the group's pool has {self.num_slots}")
         progress = PipelineProgress(name=spec.name, index=self._next_index, steps=spec.steps, arrival_s=now)
         progress.arrived = True
-        self.pipes[spec.name] = _LivePipe(spec=spec, progress=progress, home=self._pick_home(slots), offload=offload)
+        self.pipes[spec.name] = LivePipe(spec=spec, progress=progress, home=self._pick_home(slots), offload=offload)
         self._policy = None
         try:
             self._check_modes(self.policy())
@@ -192,7 +165,7 @@ class LiveExecutor:
         return self.decide(now)
 
     def _end(
-        self, ps: _LivePipe, key: tuple[int, str], now: float, *, record: bool, finish_offsets_s: tuple = ()
+        self, ps: LivePipe, key: tuple[int, str], now: float, *, record: bool, finish_offsets_s: tuple = ()
     ) -> None:
         grant = ps.running.pop(key)
         if key[1] == ROLLOUT:
@@ -226,7 +199,7 @@ class LiveExecutor:
         if key not in ps.running:
             return []
         grant = ps.running[key]
-        slots = self._replica_slots(ps, grant)
+        slots = replica_slots(ps, grant)
         freed = tuple(sorted(g for r in sources for g in slots.get(r, ())))
         ps.migrating -= set(sources)
         ps.gone |= set(sources)
@@ -237,16 +210,6 @@ class LiveExecutor:
         self.slices += lease_slices(self.holds.release(ps.holds[key], now, freed), now)
         ps.running[key] = replace(grant, gpus=tuple(g for g in grant.gpus if g not in freed))
         return self.decide(now)
-
-    def _replica_slots(self, ps: _LivePipe, grant: Grant) -> dict[int, tuple[int, ...]]:
-        """Replica rank -> the slots it runs on: ``rollout_tp`` home slots each, in rank order (verl puts rollout
-        replica ``r`` on workers ``r * tp`` to ``(r + 1) * tp - 1``); only the ranks still in the lease."""
-        tp = max(1, ps.spec.rollout_tp)
-        if len(ps.home) % tp:
-            return {}
-        held = set(grant.gpus)
-        slots = {r: tuple(ps.home[r * tp : (r + 1) * tp]) for r in range(len(ps.home) // tp)}
-        return {r: gs for r, gs in slots.items() if set(gs) <= held}
 
     def _order(self, action: Migrate) -> None:
         """Turn the policy's ``Migrate`` into an order for its pipeline (once per replica)."""
@@ -263,12 +226,12 @@ class LiveExecutor:
         ps.migrating |= set(sources)
         ps.orders.append(MigrationOrder(action.pipeline, running[0][0], sources, targets))
 
-    def _pipe(self, pipeline: str) -> _LivePipe:
+    def _pipe(self, pipeline: str) -> LivePipe:
         if pipeline not in self.pipes:
             raise KeyError(f"pipeline {pipeline!r} has not joined this group (joined: {sorted(self.pipes)})")
         return self.pipes[pipeline]
 
-    def openlease_slices(self, now: float) -> list[Slice]:
+    def open_slices(self, now: float) -> list[Slice]:
         """The holds running now, as slices up to ``now``."""
         segments = [Segment(g, h, h.shares[g], h.since[g]) for h in self.holds.holds() for g in h.slots]
         return lease_slices(segments, now)
@@ -289,7 +252,7 @@ class LiveExecutor:
             self._policy = self.policy_factory(workload)
         return self._policy
 
-    def _ordered(self) -> list[_LivePipe]:
+    def _ordered(self) -> list[LivePipe]:
         return sorted(self.pipes.values(), key=lambda p: p.index)
 
     def snapshot(self, now: float) -> Snapshot:
@@ -305,7 +268,7 @@ class LiveExecutor:
             for ps in pipes
             if ps.requested is not None and not self._bypass(ps, *ps.requested)
         )
-        replicas, replica_of = self._replica_views()
+        replicas, replica_of = replica_views(pipes)
         return ExecutorView(
             ready=ready,
             replicas=replicas,
@@ -316,60 +279,10 @@ class LiveExecutor:
         )
 
     def free_bytes(self) -> tuple[float, ...]:
-        """Per slot, device memory nothing running holds, bytes: each lease's resident state (a rollout replica's
-        weights, split over its tensor-parallel group, and the KV its pipeline reports it holds; the training state
-        sharded over the home), and the training state of a pipeline that keeps it on its home between leases
-        (``offload=False``), counted once; the simulator's rule over what is really there."""
-        room = usable_bytes(self.gpu)
-        state, kv = [0.0] * self.num_slots, [0.0] * self.num_slots
-        for ps in self.pipes.values():
-            train = set(ps.home) if not ps.offload else set()
-            for (step, stage), hold in ps.holds.items():
-                if stage != ROLLOUT:
-                    train |= set(hold.slots)
-                    continue
-                tp = max(1, ps.spec.rollout_tp)
-                for g in hold.slots:
-                    state[g] += rollout_weight_bytes(ps.spec.model) / tp
-                for rank, slots in self._replica_slots(ps, ps.running[(step, stage)]).items():
-                    rep = ps.replicas.get(rank)
-                    for g in slots if rep is not None else ():
-                        kv[g] += rep.kv_held_tokens * ps.spec.model.kv_bytes_per_token / tp
-            for g in train:
-                state[g] += train_state_bytes(ps.spec.model, critic=ps.spec.critic, ref_model=ps.spec.ref_model) / len(
-                    ps.home
-                )
-        return tuple(room - state[g] - kv[g] for g in range(self.num_slots))
+        """Per slot, device memory nothing running holds, bytes (:func:`~.live_view.slot_free_bytes`)."""
+        return slot_free_bytes(self.pipes.values(), self.gpu, self.num_slots)
 
-    def _replica_views(self) -> tuple[tuple[ReplicaView, ...], dict[int, int]]:
-        """The running rollouts' reported replicas (not those ordered or migrated away), and slot -> replica id."""
-        views, replica_of = [], {}
-        for ps in self._ordered():
-            for (step, stage), grant in ps.running.items():
-                if stage != ROLLOUT or not ps.replicas:
-                    continue
-                slots = self._replica_slots(ps, grant)
-                for rank, rep in sorted(ps.replicas.items()):
-                    if rank in ps.migrating or rank not in slots:
-                        continue
-                    rid = ps.index * REPLICA_ID_STRIDE + rank
-                    replica_of.update((g, rid) for g in slots[rank])
-                    views.append(
-                        ReplicaView(
-                            replica=rid,
-                            pipeline=ps.spec.name,
-                            step=step,
-                            gpus=slots[rank],
-                            live=rep.live,
-                            queued=rep.queued,
-                            context_tokens=rep.context_tokens,
-                            generated_tokens=rep.generated_tokens,
-                            started_s=grant.start_s,
-                        )
-                    )
-        return tuple(views), replica_of
-
-    def _bypass(self, ps: _LivePipe, step: int, stage: str) -> bool:
+    def _bypass(self, ps: LivePipe, step: int, stage: str) -> bool:
         # verl syncs weights after the last step too; the core graph does not (nothing rolls out after it)
         return stage == WEIGHT_SYNC and step >= ps.spec.steps - 1
 
@@ -403,7 +316,7 @@ class LiveExecutor:
             self.policy_errors.append(f"{type(err).__name__}: {err}")
             return ()
 
-    def _try_grant(self, ps: _LivePipe, share: float, now: float, *, forced: bool) -> list[Grant]:
+    def _try_grant(self, ps: LivePipe, share: float, now: float, *, forced: bool) -> list[Grant]:
         """Grant ``ps``'s requested stage on its home through the pool's holds (alone: the whole slots; beside one
         other pipeline's lease: at ``share``, if its memory fits there too); nothing when the pool refuses."""
         step, stage = ps.requested
@@ -423,7 +336,7 @@ class LiveExecutor:
         ps.progress.start(step, stage, now, len(ps.home))
         return [grant]
 
-    def _fits_beside(self, ps: _LivePipe, stage: str) -> bool:
+    def _fits_beside(self, ps: LivePipe, stage: str) -> bool:
         """Memory admission of a co-located grant: the stage's footprint fits what its home slots have free."""
         need = stage_resident_bytes(ps.spec, stage, len(ps.home))
         if stage != ROLLOUT and not ps.offload:

@@ -1,25 +1,30 @@
 """``jigsaw-verl mux RECIPE.sh RECIPE.sh ...``: run several verl recipes as one multiplexing group.
 
-The launcher starts a local Ray cluster, or joins the one ``RAY_ADDRESS`` names (on a GPU cluster), and every
-pipeline's driver joins that cluster through ``RAY_ADDRESS``; it creates the group's scheduler actor, and starts
-each recipe with ``jigsaw.enable=true``, ``jigsaw.mux.group`` and its own ``jigsaw.mux.pipeline`` /
-``trainer.experiment_name`` appended (a recipe may be given with its own overrides:
-``"recipes/cpu_tiny_grpo.sh actor_rollout_ref.rollout.seed=11"``). While they run it prints a progress bar per
-pipeline (steps done, the stage it holds or waits for); at the end it writes a combined Perfetto trace and a
+A recipe is a shell script as verl's examples are (``python3 -m verl.trainer.main_ppo ... "$@"``) or one that calls
+``jigsaw_verl.main_ppo`` itself; it runs unmodified, with the entry-point shims of :mod:`.recipe_entry` first on its
+``PATH``, and may be given with its own overrides (``"recipes/cpu_tiny_grpo.sh actor_rollout_ref.rollout.seed=11"``).
+Before Ray starts, every recipe runs in the entry point's check mode with what the launcher will append
+(``jigsaw.enable=true``, ``jigsaw.mux.group``, its own ``jigsaw.mux.pipeline`` / ``trainer.experiment_name``): every
+problem of every recipe is one line and nothing starts. Then the launcher starts a local Ray cluster, or joins the
+one ``RAY_ADDRESS`` names (on a GPU cluster), creates the group's scheduler actor and starts each recipe in a
+session of its own, its driver joining the cluster through ``RAY_ADDRESS``. While they run it prints a progress bar
+per pipeline (steps done, the stage it holds or waits for); at the end it writes a combined Perfetto trace and a
 utilisation plot of the leases (``mux.trace.json``, ``mux.png``, the raw leases in ``leases.json``), where every
 pipeline's workers were placed (``pool.json``: all in the pool's one placement group, which the scheduler owns)
 and the stage times its predictor learned from (``stage_times.json``), beside each pipeline's log and metrics
 (``<pipeline>.log``, ``<pipeline>.metrics.jsonl``). A pipeline that fails does not stop the others; the
-launcher's exit code is the first non-zero one.
+launcher's exit code is the first non-zero one. Ctrl-C (SIGINT) or SIGTERM stops every pipeline's session, the
+group's scheduler and the Ray cluster the launcher started, and exits 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +34,7 @@ from jigsaw_verl.model.slots import slot_spec
 from jigsaw_verl.pool.timeline import Slice, Timeline
 from jigsaw_verl.runtime.leases import PolicyRefused
 from jigsaw_verl.runtime.live_policy import live_policy_factory
+from jigsaw_verl.runtime.recipe_entry import check_recipes, recipe_env, stop_sessions, write_shims
 
 # logical CPUs per CPU pipeline (the CPU backend gives a lone run 16)
 CPUS_PER_PIPELINE = 16
@@ -51,6 +57,14 @@ def _bar(done: int, total: int | None, width: int = 20) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
 
 
+class RecipeRefused(ValueError):
+    """Recipes the group cannot run, found before Ray: one line per problem, naming the recipe and the key."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
 def launch(
     recipes: list[str],
     *,
@@ -62,24 +76,16 @@ def launch(
     out: str = "out/mux",
     progress=print,
 ) -> dict:
-    """Run ``recipes`` as one group (each ``"path.sh [override ...]"``).
+    """Run ``recipes`` as one group (each ``"path.sh [override ...]"``); Ctrl-C (SIGINT) or SIGTERM stops every
+    pipeline, the group's scheduler and the Ray cluster this started.
 
     Returns:
-        ``{"rc", "wall_s", "pipelines": {name: exit code}, "trace", "plot"}``.
+        ``{"rc", "wall_s", "pipelines": {name: exit code}, "trace", "plot", "interrupted"}``.
+
+    Raises:
+        RecipeRefused: a recipe the group cannot run (every pre-Ray check of each, before Ray starts).
     """
-    import shlex
-
-    import ray
-
-    from jigsaw_verl.runtime.scheduler import get_scheduler
-
-    parsed = [shlex.split(r) for r in recipes]
-    if any(not p for p in parsed):
-        raise ValueError("an empty recipe was given")
-    paths = [Path(p[0]) for p in parsed]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"recipe not found: {', '.join(missing)}")
+    parsed = _parse_recipes(recipes)
     try:
         live_policy_factory(policy)  # unknown, or needs asynchronous execution: one line before Ray starts
     except PolicyRefused as err:
@@ -87,84 +93,32 @@ def launch(
     slot = slot_spec(device, gpu)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    names = [f"p{i}-{Path(p[0]).stem}" for i, p in enumerate(parsed)]
+    group_args = [
+        "jigsaw.enable=true",
+        f"jigsaw.mux.group={group}",
+        f"jigsaw.mux.pool_slots={pool_slots}",
+        f"jigsaw.mux.policy={policy}",
+        f"jigsaw.mux.max_pipelines={len(parsed)}",
+    ]
+    appended = [[*group_args, f"jigsaw.mux.pipeline={n}", f"trainer.experiment_name={n}"] for n in names]
+    plan = _GroupPlan(names, parsed, appended, group, pool_slots, slot, policy, device, out_dir)
     started = time.perf_counter()
-    if os.environ.get("RAY_ADDRESS"):  # a running cluster (a GPU cluster: `ray start` on each node first)
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-    else:  # a local cluster on this machine; the CPU backend's pipelines want logical CPUs to spare
-        cpus = CPUS_PER_PIPELINE * len(paths) if device == "cpu" else None
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-    try:
-        address = ray.get_runtime_context().gcs_address
-        # the pool holds every recipe's workers at once (each takes 1/(3 x len(recipes)) of a slot)
-        scheduler = get_scheduler(group, pool_slots, slot, policy, max_pipelines=len(paths))
-        runs: list[_Run] = []
-        for i, recipe in enumerate(paths):
-            name = f"p{i}-{recipe.stem}"
-            log = out_dir / f"{name}.log"
-            env = dict(
-                os.environ,
-                RAY_ADDRESS=address,
-                OUT=str(out_dir / name),
-                PY=sys.executable,
-                VERL_FILE_LOGGER_PATH=str((out_dir / f"{name}.metrics.jsonl").resolve()),
-            )
-            args = [
-                "bash",
-                str(recipe),
-                "jigsaw.enable=true",
-                f"jigsaw.mux.group={group}",
-                f"jigsaw.mux.pipeline={name}",
-                f"jigsaw.mux.pool_slots={pool_slots}",
-                f"jigsaw.mux.policy={policy}",
-                f"jigsaw.mux.max_pipelines={len(paths)}",
-                f"trainer.experiment_name={name}",
-                *parsed[i][1:],
-            ]
-            handle = log.open("w")
-            runs.append(_Run(name, subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT), handle))
-            progress(f"mux: started {name} ({recipe}); log {log}")
-        shown: dict[str, str] = {}
-        while any(r.rc is None for r in runs):
-            time.sleep(1.0)
-            status = ray.get(scheduler.status.remote())
-            for r in runs:
-                if r.rc is None:
-                    r.rc = r.proc.poll()
-                    if r.rc is not None:
-                        r.log.close()
-                info = status["pipelines"].get(r.name)
-                if info is not None:
-                    r.steps, r.done = info["steps"], info["steps_done"]
-                elif r.name in status["left_steps"]:
-                    r.done = status["left_steps"][r.name]
-                if r.rc is not None:
-                    state = f"exit {r.rc}"
-                elif r.name in status["errors"]:
-                    state = f"refused: {status['errors'][r.name]}"
-                elif info is None:
-                    state = "left the group" if r.name in status["left"] else "starting"
-                elif info["running"]:
-                    state = ", ".join(info["running"])
-                else:
-                    state = f"waiting for {info['waiting']}" if info["waiting"] else "between stages"
-                line = f"mux: {r.name:<24} {_bar(r.done, r.steps)} {state}"
-                if shown.get(r.name) != line:
-                    shown[r.name] = line
-                    progress(line)
-        trace = ray.get(scheduler.trace.remote())
-        placement = ray.get(scheduler.placement.remote())
-        history = ray.get(scheduler.history.remote())
-        ray.kill(scheduler)
-    finally:
-        ray.shutdown()
+    with _stop_on_sigterm():
+        _check_group(plan, progress)
+        runs, artefacts, interrupted = _run_group(plan, progress)
     wall = time.perf_counter() - started
+    rcs = {r.name: r.rc for r in runs}
+    if interrupted:
+        progress(f"mux: interrupted after {wall:.0f} s; stopped {', '.join(names)}, the group's scheduler and Ray")
+        return {"rc": 130, "wall_s": wall, "pipelines": rcs, "trace": None, "plot": None, "interrupted": True}
+    trace, placement, history = artefacts
     trace_path, plot_path = out_dir / "mux.trace.json", out_dir / "mux.png"
     (out_dir / "leases.json").write_text(json.dumps(trace, indent=1))
     (out_dir / "pool.json").write_text(json.dumps(placement, indent=1))
     (out_dir / "stage_times.json").write_text(json.dumps(history, indent=1))
     write_live_trace(trace, trace_path, pool_slots)
     write_live_plot(trace, plot_path, pool_slots, title=f"group {group}: {len(runs)} pipelines, policy {policy}")
-    rcs = {r.name: r.rc for r in runs}
     progress(f"mux: done in {wall:.0f} s; trace {trace_path}, plot {plot_path}; exit codes {rcs}")
     return {
         "rc": next((rc for rc in rcs.values() if rc), 0),
@@ -172,7 +126,168 @@ def launch(
         "pipelines": rcs,
         "trace": str(trace_path),
         "plot": str(plot_path),
+        "interrupted": False,
     }
+
+
+@dataclass(frozen=True)
+class _GroupPlan:
+    names: list[str]
+    recipes: list[list[str]]  # [path, override ...] as given
+    appended: list[list[str]]  # what the launcher appends to each (its jigsaw.* keys and experiment name)
+    group: str
+    pool_slots: int
+    slot: object  # the slot's GPUSpec
+    policy: str
+    device: str
+    out_dir: Path
+
+
+def _check_group(plan: _GroupPlan, progress) -> None:
+    """Every recipe through the entry point's check mode (all at once, no Ray); refuse the group on a problem."""
+    progress(f"mux: checking {len(plan.recipes)} recipes (every pre-Ray check of the entry point, no Ray yet)")
+    checks = check_recipes(plan.recipes, plan.appended)
+    problems = [f"{n} ({c.recipe}): {line}" for n, c in zip(plan.names, checks, strict=True) for line in c.problems]
+    if problems:
+        raise RecipeRefused(problems)
+    for name, c in zip(plan.names, checks, strict=True):
+        spec = c.spec
+        progress(
+            f"mux: {name}: {spec['model']['name']}, {spec['batch_prompts']} prompts x {spec['group_size']}, "
+            f"{spec['steps']} steps ({c.steps_how})"
+        )
+
+
+def _run_group(plan: _GroupPlan, progress) -> tuple[list[_Run], tuple | None, bool]:
+    """Start Ray, the group's scheduler and every pipeline; wait for them. Returns ``(runs, (trace, placement,
+    history) or None, interrupted)``."""
+    import ray
+
+    from jigsaw_verl.runtime.scheduler import NAMESPACE, actor_name, get_scheduler
+
+    runs: list[_Run] = []
+    interrupted = False
+    _start_ray(plan.device, len(plan.recipes))
+    try:
+        address = ray.get_runtime_context().gcs_address
+        # the pool holds every recipe's workers at once (each takes 1/(3 x len(recipes)) of a slot)
+        scheduler = get_scheduler(plan.group, plan.pool_slots, plan.slot, plan.policy, len(plan.recipes))
+        shims = write_shims(plan.out_dir / "bin")
+        for name, recipe, extra in zip(plan.names, plan.recipes, plan.appended, strict=True):
+            runs.append(_start_pipeline(name, recipe, extra, shims, address, plan.out_dir, progress))
+        _watch(runs, scheduler, progress)
+        artefacts = tuple(ray.get(getattr(scheduler, m).remote()) for m in ("trace", "placement", "history"))
+    except KeyboardInterrupt:
+        interrupted, artefacts = True, None
+        progress("mux: interrupted; stopping every pipeline, the group's scheduler and Ray")
+    finally:
+        stop_sessions([run.proc for run in runs])
+        for run in runs:
+            run.rc = run.proc.poll() if run.rc is None else run.rc
+            run.log.close()
+        try:
+            ray.kill(ray.get_actor(actor_name(plan.group), namespace=NAMESPACE))
+        except Exception:  # noqa: BLE001 - not created, or gone already: nothing to stop
+            pass
+        ray.shutdown()
+    return runs, artefacts, interrupted
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """SIGTERM stops the group as Ctrl-C does (both raise KeyboardInterrupt in the launcher)."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _parse_recipes(recipes: list[str]) -> list[list[str]]:
+    """Each ``"path.sh [override ...]"`` split into words; the script must exist."""
+    import shlex
+
+    parsed = [shlex.split(r) for r in recipes]
+    if any(not p for p in parsed):
+        raise ValueError("an empty recipe was given")
+    missing = [p[0] for p in parsed if not Path(p[0]).is_file()]
+    if missing:
+        raise FileNotFoundError(f"recipe not found: {', '.join(missing)}")
+    return parsed
+
+
+def _start_ray(device: str, pipelines: int) -> None:
+    import ray
+
+    if os.environ.get("RAY_ADDRESS"):  # a running cluster (a GPU cluster: `ray start` on each node first)
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    else:  # a local cluster on this machine; the CPU backend's pipelines want logical CPUs to spare
+        cpus = CPUS_PER_PIPELINE * pipelines if device == "cpu" else None
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+
+
+def _start_pipeline(
+    name: str, recipe: list[str], extra: list[str], shims: Path, address: str, out_dir: Path, progress
+) -> _Run:
+    """Start one recipe (``[path, override ...]``) as pipeline ``name`` of the group, in a session of its own (the
+    launcher stops it as a whole), with the entry-point shims first on its ``PATH``."""
+    path = Path(recipe[0])
+    log = out_dir / f"{name}.log"
+    env = recipe_env(
+        shims,
+        RAY_ADDRESS=address,
+        OUT=str(out_dir / name),
+        VERL_FILE_LOGGER_PATH=str((out_dir / f"{name}.metrics.jsonl").resolve()),
+    )
+    handle = log.open("w")
+    proc = subprocess.Popen(
+        ["bash", str(path), *extra, *recipe[1:]],
+        env=env,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    progress(f"mux: started {name} ({path}); log {log}")
+    return _Run(name, proc, handle)
+
+
+def _watch(runs: list[_Run], scheduler, progress) -> None:
+    """Until every pipeline has exited: poll them and the scheduler, print a line per pipeline when it changes."""
+    import ray
+
+    shown: dict[str, str] = {}
+    while any(r.rc is None for r in runs):
+        time.sleep(1.0)
+        status = ray.get(scheduler.status.remote())
+        for r in runs:
+            if r.rc is None:
+                r.rc = r.proc.poll()
+            info = status["pipelines"].get(r.name)
+            if info is not None:
+                r.steps, r.done = info["steps"], info["steps_done"]
+            elif r.name in status["left_steps"]:
+                r.done = status["left_steps"][r.name]
+            line = f"mux: {r.name:<24} {_bar(r.done, r.steps)} {_state(r, info, status)}"
+            if shown.get(r.name) != line:
+                shown[r.name] = line
+                progress(line)
+
+
+def _state(run: _Run, info: dict | None, status: dict) -> str:
+    """What a pipeline does now, in a few words, from the scheduler's status."""
+    if run.rc is not None:
+        return f"exit {run.rc}"
+    if run.name in status["errors"]:
+        return f"refused: {status['errors'][run.name]}"
+    if info is None:
+        return "left the group" if run.name in status["left"] else "starting"
+    if info["running"]:
+        return ", ".join(info["running"])
+    return f"waiting for {info['waiting']}" if info["waiting"] else "between stages"
 
 
 def live_timeline(trace: list[dict], pool_slots: int) -> Timeline:

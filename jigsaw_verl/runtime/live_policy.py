@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from jigsaw_verl.model.spec import WorkloadSpec
 from jigsaw_verl.policy.interface import Policy
-from jigsaw_verl.policy.registry import POLICIES, policies_needing_at_most
+from jigsaw_verl.policy.registry import POLICIES, PolicyEntry, policies_needing_at_most
 from jigsaw_verl.runtime.leases import PolicyRefused
 
 # what the live executor can run beyond on-policy synchronous steps: nothing yet
@@ -24,20 +24,29 @@ def live_policy_names() -> list[str]:
     return policies_needing_at_most(LIVE_FEATURES)
 
 
-def live_policy_factory(name: str) -> Callable[[WorkloadSpec], Policy]:
-    """The factory of ``name``'s first configuration; raises :class:`PolicyRefused` (one line naming
-    ``jigsaw.mux.policy``) for an unknown policy or one the live runtime cannot run."""
+def check_live_policy(name: str) -> PolicyEntry:
+    """The registry entry of ``name``; raises :class:`PolicyRefused` (one line naming ``jigsaw.mux.policy``) for an
+    unknown policy or one the live runtime cannot run. The entry point runs this before Ray, the executor at join."""
     runnable = ", ".join(live_policy_names())
     try:
         entry = POLICIES.get(name)
     except KeyError:
-        raise PolicyRefused(f"jigsaw.mux.policy={name!r} is not a registered policy; it can run: {runnable}") from None
+        known = ", ".join(sorted(POLICIES.names()))
+        raise PolicyRefused(
+            f"jigsaw.mux.policy={name!r} is unknown (known: {known}); the live runtime can run: {runnable}"
+        ) from None
     needs = entry.needs - LIVE_FEATURES
     if needs:
         raise PolicyRefused(
             f"jigsaw.mux.policy={name!r} needs asynchronous execution ({', '.join(sorted(needs))}), which the live "
             f"runtime does not run yet; it can run: {runnable}"
         )
+    return entry
+
+
+def live_policy_factory(name: str) -> Callable[[WorkloadSpec], Policy]:
+    """The factory of ``name``'s first configuration, after :func:`check_live_policy`."""
+    entry = check_live_policy(name)
 
     def build(workload: WorkloadSpec) -> Policy:
         configurations = entry.build(workload)

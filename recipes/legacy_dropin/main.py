@@ -1,7 +1,9 @@
 """Entry point of the legacy drop-in recipe: verl's ``main_ppo.main`` with the recipe's own ``TaskRunner``.
 
-``main_ppo_v0.py`` beside this file is verl's ``verl/trainer/main_ppo_v0.py`` (0.9.1) as a recipe carries it, with
-one line changed: ``from jigsaw_verl.trainer import RayPPOTrainer``. This file is what such a recipe's
+The recipe's ``TaskRunner`` is verl's own ``verl/trainer/main_ppo_v0.py`` (0.9.1) with one line changed,
+``from jigsaw_verl.trainer import RayPPOTrainer``, as a recipe modelled on it would carry it; the repository keeps no
+copy of verl's file: :func:`~jigsaw_verl.integration.trainer.import_swap.load_swapped` produces that module from the
+installed verl when the recipe starts. This file is what such a recipe's
 ``main`` does (verl's ``main_ppo.main``: ``auto_set_device``, ``validate_config``, ``run_ppo(config, TaskRunner)``),
 reading verl's config plus the ``jigsaw`` group and preparing the run the way ``python -m jigsaw_verl.main_ppo``
 does (``trainer.device=cpu`` switches to the CPU backend before Ray starts).
@@ -32,7 +34,9 @@ def main(config):
         print(f"legacy_dropin: error: {err}", file=sys.stderr)
         sys.exit(2)
 
-    from main_ppo_v0 import TaskRunner  # this recipe's TaskRunner (the script's folder is on Ray's worker path)
+    from jigsaw_verl.integration.trainer.import_swap import load_swapped
+
+    TaskRunner = load_swapped().TaskRunner  # verl's main_ppo_v0 with the import swapped, produced now
     from verl.trainer.main_ppo import run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config

@@ -57,7 +57,8 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
         if getattr(self, "_jigsaw_leases", None) is None and self.jigsaw_settings.enable:
             from jigsaw_verl.integration.lease_client import StageLeases
 
-            self._jigsaw_leases = StageLeases(self.jigsaw_settings.mux, self.config)
+            # verl's own step count (set in _init_dataloader, which runs before the resource pools)
+            self._jigsaw_leases = StageLeases(self.jigsaw_settings.mux, self.config, steps=self.total_training_steps)
         return getattr(self, "_jigsaw_leases", None)
 
     def _stage(self, stage: str) -> None:

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jigsaw_verl.model.cost_model import CostModel
-from jigsaw_verl.model.graph import ROLLOUT
-from jigsaw_verl.model.memory import rollout_weight_bytes, train_state_bytes
+from jigsaw_verl.model.footprint import stage_resident_bytes
 from jigsaw_verl.model.spec import PipelineSpec
 
 FORMAT = "jigsaw-interference/1"
@@ -109,11 +108,6 @@ class ResourceManager:
     min_train: dict[str, int]
 
     def stage_bytes(self, pipeline: str, stage: str, gpus: int) -> float:
-        """Per-GPU bytes a stage needs resident: rollout weights plus room for the KV of its longest request,
-        or the training state sharded over ``gpus``."""
-        spec = self.specs[pipeline]
-        if stage == ROLLOUT:
-            longest = spec.prompt_len.max + spec.response_len.max
-            kv = 4 * longest * spec.model.kv_bytes_per_token  # room for a few long sequences, not a full cache
-            return (rollout_weight_bytes(spec.model) + kv) / spec.rollout_tp
-        return train_state_bytes(spec.model, critic=spec.critic, ref_model=spec.ref_model) / gpus
+        """Per-GPU bytes a stage needs resident (:func:`~jigsaw_verl.model.footprint.stage_resident_bytes`, the
+        rule the live executor admits by)."""
+        return stage_resident_bytes(self.specs[pipeline], stage, gpus)

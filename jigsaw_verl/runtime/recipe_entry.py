@@ -1,0 +1,159 @@
+"""Run verl recipes as written: their ``python3 -m verl.trainer.main_ppo`` becomes the plugin's entry point.
+
+verl's example scripts call verl's own entry point (``python3 -m verl.trainer.main_ppo ... "$@"``, or the same
+through ``uv run``), which refuses the ``jigsaw`` group (``Key 'jigsaw' is not in struct``). The launcher and
+``jigsaw-verl check`` run a recipe with a folder of shims first on its ``PATH``: ``python``, ``python3`` (and
+``uv`` where it is installed) that swap the words ``-m verl.trainer.main_ppo`` for ``-m jigsaw_verl.main_ppo``
+(verl's entry point plus the ``jigsaw`` group, every verl override unchanged) and run everything else unchanged.
+``python``/``python3`` run the launcher's own interpreter (where jigsaw-verl and verl are installed); ``uv`` the
+one the recipe would have found. A recipe that names an interpreter by its full path, or runs another entry point,
+is not redirected: :func:`check_recipes` finds that out before Ray (the entry point never reported) and says so.
+
+In check mode (``JIGSAW_VERL_CHECK`` names a file) the plugin's entry point runs every check it runs before Ray,
+writes its verdict and the planning spec to that file, and exits without starting anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# the entry point's check mode: a path it writes its verdict to (and then exits, before Ray)
+CHECK_ENV = "JIGSAW_VERL_CHECK"
+VERL_ENTRY, PLUGIN_ENTRY = "verl.trainer.main_ppo", "jigsaw_verl.main_ppo"
+# seconds a recipe's check may take (its shell script, hydra's composition of verl's config, the checks)
+CHECK_TIMEOUT_S = 180
+
+SHIM = """#!/usr/bin/env bash
+# jigsaw-verl: `-m {verl}` runs as `-m {plugin}` (verl's entry point plus the jigsaw group); all else unchanged.
+args=("$@")
+for ((i = 0; i + 1 < ${{#args[@]}}; i++)); do
+    if [ "${{args[i]}}" = "-m" ] && [ "${{args[i + 1]}}" = "{verl}" ]; then
+        args[i + 1]={plugin}
+        break
+    fi
+done
+exec {real} "${{args[@]}}"
+"""
+
+
+def write_shims(folder: Path, path: str | None = None) -> Path:
+    """Write the entry-point shims into ``folder`` (``python``, ``python3``, and ``uv`` if ``path`` has one)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    reals = {"python": sys.executable, "python3": sys.executable}
+    uv = shutil.which("uv", path=path if path is not None else os.environ.get("PATH", ""))
+    if uv:
+        reals["uv"] = uv
+    for name, real in reals.items():
+        shim = folder / name
+        shim.write_text(SHIM.format(verl=VERL_ENTRY, plugin=PLUGIN_ENTRY, real=shlex.quote(real)))
+        shim.chmod(0o755)
+    return folder
+
+
+def recipe_env(shims: Path, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The environment a recipe runs in: the shims first on ``PATH``, ``PY`` the launcher's interpreter."""
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = f"{shims}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("PY", sys.executable)
+    env.update(extra)
+    return env
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeCheck:
+    """What the entry point's check mode said of one recipe.
+
+    Attributes:
+        recipe: the recipe as given (``path.sh [override ...]``).
+        problems: one line per problem (empty: it can join a group).
+        spec: the planning spec the scheduler would see (``PipelineSpec`` fields), when there is no problem.
+        steps_how: where its step count came from.
+    """
+
+    recipe: str
+    problems: tuple[str, ...]
+    spec: dict | None = None
+    steps_how: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_recipes(recipes: list[list[str]], appended: list[list[str]], *, progress=None) -> list[RecipeCheck]:
+    """Run each recipe (``[path, override ...]``) with its ``appended`` overrides in the entry point's check mode,
+    all at once; nothing starts Ray. Each is given its own ``jigsaw`` overrides after the recipe's."""
+    with tempfile.TemporaryDirectory(prefix="jigsaw-check-") as tmp:
+        shims = write_shims(Path(tmp) / "bin")
+        procs = []
+        for i, (recipe, extra) in enumerate(zip(recipes, appended, strict=True)):
+            verdict, log = Path(tmp) / f"{i}.json", Path(tmp) / f"{i}.log"
+            env = recipe_env(shims, **{CHECK_ENV: str(verdict)}, OUT=str(Path(tmp) / f"out{i}"))
+            with log.open("w") as fh:
+                proc = subprocess.Popen(
+                    ["bash", recipe[0], *extra, *recipe[1:]],
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            procs.append((recipe, proc, verdict, log))
+        try:
+            return [_verdict(*p) for p in procs]
+        finally:
+            stop_sessions([proc for _, proc, _, _ in procs])
+
+
+def _verdict(recipe: list[str], proc: subprocess.Popen, verdict: Path, log: Path) -> RecipeCheck:
+    given = shlex.join(recipe)
+    try:
+        rc = proc.wait(timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return RecipeCheck(recipe=given, problems=(f"its check did not finish in {CHECK_TIMEOUT_S} s",))
+    if verdict.is_file():
+        data = json.loads(verdict.read_text())
+        return RecipeCheck(recipe=given, problems=tuple(data["problems"]), spec=data.get("spec"), steps_how=data["how"])
+    tail = " | ".join(line.strip() for line in log.read_text().splitlines()[-3:] if line.strip())
+    why = f"it exited {rc} first: {tail}" if rc else "it exited 0 without calling it"
+    return RecipeCheck(
+        recipe=given,
+        problems=(
+            f"the recipe never reached {PLUGIN_ENTRY} ({why}); the launcher runs recipes that call "
+            f"`python3 -m {VERL_ENTRY}` or `-m {PLUGIN_ENTRY}` through python, python3 or uv on their PATH",
+        ),
+    )
+
+
+def stop_sessions(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Stop each process's whole session (each was started as its leader): SIGTERM to all, then SIGKILL to what
+    is left after ``grace_s``."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if all(p.poll() is not None and not _session_alive(p.pid) for p in procs):
+                return
+            time.sleep(0.1)
+
+
+def _session_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,144 @@
+"""verl recipes as written, before Ray: the entry-point shims, ``jigsaw-verl check``, the launcher's refusal of a group
+it cannot run, hub model ids in the local Hugging Face cache, and the step count by verl's rule. No Ray starts here
+(each check composes verl's config in a subprocess: seconds)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+from verl_style import VERL_STYLE, cpu_size_overrides
+
+from jigsaw_verl.integration.cpu.assets import build_tiny_assets
+from jigsaw_verl.integration.model_lookup import find_model_config
+from jigsaw_verl.integration.settings import JigsawConfigError
+from jigsaw_verl.integration.step_count import planned_steps
+from jigsaw_verl.runtime.recipe_entry import write_shims
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "recipes" / "cpu_tiny_grpo.sh"
+
+
+def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "jigsaw_verl.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _errors(r: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in r.stderr.splitlines() if line.startswith("jigsaw-verl: error: ")]
+
+
+def test_shims_swap_verls_entry_point_and_pass_everything_else(tmp_path):
+    shims = write_shims(tmp_path / "bin")
+    show = "import sys; print(sys.argv[1:])"
+    for name in ("python", "python3"):
+        out = subprocess.run(
+            [str(shims / name), "-c", show, "-m", "verl.trainer.main_ppo", "a=1"], capture_output=True, text=True
+        ).stdout
+        assert out.strip() == "['-m', 'jigsaw_verl.main_ppo', 'a=1']"
+        out = subprocess.run(
+            [str(shims / name), "-c", show, "-m", "verl.trainer.main_ppo_v0"], capture_output=True, text=True
+        ).stdout
+        assert out.strip() == "['-m', 'verl.trainer.main_ppo_v0']"  # another entry point is left alone
+
+
+def test_check_accepts_a_verl_style_script_with_epochs_and_gives_verls_step_count():
+    r = _cli("check", str(VERL_STYLE), *cpu_size_overrides())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"{VERL_STYLE}: can join a multiplexing group" in r.stdout
+    assert (
+        "steps: 3 (24 rows // 8 prompts x 1 epochs (at most: data.filter_overlong_prompts may drop rows))" in r.stdout
+    )
+    spec = json.loads(r.stdout[r.stdout.index("{") :])
+    assert spec["steps"] == 3 and spec["batch_prompts"] == 8 and spec["group_size"] == 4 and spec["ref_model"]
+
+
+def test_check_refuses_every_problem_of_a_recipe_in_one_line_each_within_seconds():
+    started = time.perf_counter()
+    r = _cli("check", "--pool-slots", "2", str(VERL_STYLE))  # as written: a hub id not in the cache, 8 GPUs
+    took = time.perf_counter() - started
+    errors = _errors(r)
+    assert r.returncode == 2 and len(errors) >= 3, r.stderr[-3000:]
+    prefix = f"jigsaw-verl: error: {VERL_STYLE}: "
+    assert any(
+        e.startswith(prefix + "actor_rollout_ref.model.path='Qwen/Qwen3-8B' is not in the local Hugging")
+        for e in errors
+    )
+    assert any(e.startswith(prefix + "data.train_files: ") and "set trainer.total_training_steps" in e for e in errors)
+    assert any(e.startswith(prefix + "jigsaw.mux.slots: pipeline 'qwen3_8b_grpo' needs 8 slots") for e in errors)
+    print(f"\ncheck refused the verl-style script as written in {took:.1f} s")
+    assert "ray init" not in r.stdout
+
+
+@pytest.mark.parametrize(
+    "script, message",
+    [
+        ("python3 -m pip --version", "the recipe never reached jigsaw_verl.main_ppo (it exited 0 without calling it)"),
+        ("python3 -c 'import sys; sys.exit(3)'", "the recipe never reached jigsaw_verl.main_ppo (it exited 3 first"),
+        ("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer \"$@\"",
+         "--config-name=ppo_megatron_trainer: jigsaw_verl.main_ppo composes verl's ppo_trainer config"),
+    ],
+)  # fmt: skip
+def test_check_refuses_a_recipe_the_launcher_cannot_run_and_says_why(tmp_path, script, message):
+    recipe = tmp_path / "recipe.sh"
+    recipe.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\n{script}\n")
+    r = _cli("check", str(recipe))
+    errors = _errors(r)
+    assert r.returncode == 2 and len(errors) == 1 and message in errors[0], r.stderr[-3000:]
+
+
+def test_the_launcher_refuses_a_group_it_cannot_run_before_ray(tmp_path):
+    recipes = [str(RECIPE), f"{RECIPE} trainer.n_gpus_per_node=4"]
+    r = _cli("mux", *recipes, "--out", str(tmp_path / "mux"), "--pool-slots", "2")
+    errors = _errors(r)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert not any(e.startswith("jigsaw-verl: error: p0-") for e in errors)  # the good recipe has nothing to say
+    assert f"jigsaw-verl: error: p1-cpu_tiny_grpo ({RECIPE} trainer.n_gpus_per_node=4): jigsaw.mux.slots:" in r.stderr
+    assert len(errors) == 1
+    assert "mux: started" not in r.stderr and not (tmp_path / "mux" / "pool.json").exists()  # nothing ran
+
+
+def test_a_hub_id_is_found_in_the_local_cache_without_the_network(tmp_path, monkeypatch):
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((build_tiny_assets().model / "config.json").read_text())
+    (tmp_path / "hub" / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--tiny" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    found = find_model_config("org/tiny")
+    assert found.name == "tiny" and found.source == snapshot / "config.json" and found.config["num_hidden_layers"] == 2
+    with pytest.raises(JigsawConfigError, match=r"'org/absent' is not in the local Hugging Face cache .*hf download"):
+        find_model_config("org/absent")
+    with pytest.raises(JigsawConfigError, match="neither a local model folder nor a Hugging Face model id"):
+        find_model_config("hdfs://cluster/models/x")
+
+
+def _steps_config(tmp_path: Path, rows: int, **data) -> OmegaConf:
+    f = tmp_path / "train.parquet"
+    pd.DataFrame({"prompt": [str(i) for i in range(rows)]}).to_parquet(f)
+    return OmegaConf.create(
+        {"trainer": {"total_training_steps": None, "total_epochs": 2},
+         "data": {"train_files": [str(f), str(f)], "train_batch_size": 8, **data}}
+    )  # fmt: skip
+
+
+def test_steps_follow_verls_rule_over_the_data_files(tmp_path):
+    count = planned_steps(_steps_config(tmp_path, 20))  # 40 rows // 8 x 2 epochs
+    assert count.steps == 10 and count.how == "40 rows // 8 prompts x 2 epochs"
+    assert planned_steps(_steps_config(tmp_path, 20, train_max_samples=17)).steps == 4  # 17 // 8 x 2
+    config = _steps_config(tmp_path, 20)
+    config.trainer.total_training_steps = 5
+    assert planned_steps(config).steps == 5
+    with pytest.raises(JigsawConfigError, match=r"^trainer.total_epochs=2 over 6 rows .* trains no step"):
+        planned_steps(_steps_config(tmp_path, 3))
+    config = _steps_config(tmp_path, 20)
+    config.data.train_files = "hdfs://x/train.parquet"
+    with pytest.raises(JigsawConfigError, match=r"^data.train_files: hdfs://x/train.parquet is not a local file"):
+        planned_steps(config)
