@@ -66,6 +66,43 @@ def compute(runs: dict | None = None) -> dict:
     return {w: {name: record(r) for name, r in results.items()} for w, (_, results) in runs.items()}
 
 
+def check_and_record(path: str) -> tuple[str, dict, list[str]]:
+    """Every policy on the workload file ``path``: its name, each policy's golden entry, and the schedule checks'
+    failures (``policy: message``); what a worker process of :func:`checked_records` runs."""
+    from schedule_checks import check_all
+
+    workload = load_workload(path)
+    runner = Runner(workload)
+    records, failures = {}, []
+    for name in POLICIES.names():
+        result = runner.run_policy(name)
+        records[name] = record(result)
+        try:
+            check_all(workload, result)
+        except AssertionError as err:
+            failures.append(f"{workload.name} / {name}: {err}")
+    return workload.name, records, failures
+
+
+def checked_records(workers: int | None = None) -> tuple[dict, list[str]]:
+    """:func:`check_and_record` of every bundled workload, one workload per task over ``workers`` processes
+    (fresh interpreters: the simulator is pure, so each gives what one process would)."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    paths = [str(p) for p in bundled_workloads()]
+    workers = workers or min(len(paths), os.cpu_count() or 1)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_path) as pool:
+        done = list(pool.map(check_and_record, paths))
+    return {name: records for name, records, _ in done}, [f for _, _, fails in done for f in fails]
+
+
+def _worker_path() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # schedule_checks lives beside this file
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")

@@ -1,7 +1,7 @@
 """The ways in that need no rewrite: the import swap (verl's legacy ``RayPPOTrainer``) and the entry point's config.
 
 The recipe test runs verl's legacy trainer for 2 GRPO steps on the CPU (real Ray, FSDP2 workers, agent loop, CPU
-rollout replicas): about two minutes. The rest runs without Ray.
+rollout replicas) and checks that it learns and syncs weights exactly: about two minutes. The rest runs without Ray.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "legacy_dropin"
 VERL_IMPORT = "from verl.trainer.ppo.ray_trainer import RayPPOTrainer"
 JIGSAW_IMPORT = "from jigsaw_verl.trainer import RayPPOTrainer"
+MAX_RESPONSE = 24  # data.max_response_length in recipes/cpu_tiny_grpo.sh
 
 
 def _run(args: list[str], timeout: int = 120, **env) -> subprocess.CompletedProcess:
@@ -75,10 +76,14 @@ def test_stage_timer_sums_sub_stages_and_gives_core_stage_timings():
 
 
 def test_legacy_recipe_trains_two_steps_with_stage_timings(tmp_path):
-    metrics_file = tmp_path / "metrics.jsonl"
+    """verl's own training loop (the legacy ``RayPPOTrainer.fit``, unchanged) end to end on the CPU backend: real Ray,
+    FSDP2 workers, agent loop and CPU rollout replicas. GRPO learns (the weights move every step and each replica
+    holds exactly the actor's weights after every sync), and the drop-in's stage timings agree with verl's."""
+    metrics_file, audit = tmp_path / "metrics.jsonl", tmp_path / "weights.jsonl"
     r = _run(
         ["bash", "recipes/cpu_tiny_grpo_legacy.sh", "trainer.total_training_steps=2", "trainer.logger=[console,file]"],
         timeout=900, OUT=str(tmp_path / "run"), VERL_FILE_LOGGER_PATH=str(metrics_file),
+        JIGSAW_VERL_WEIGHT_AUDIT=str(audit),
     )  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "TaskRunner hostname" in r.stdout + r.stderr  # the recipe's legacy TaskRunner ran, not the V1 one
@@ -95,6 +100,15 @@ def test_legacy_recipe_trains_two_steps_with_stage_timings(tmp_path):
                             ("update_actor", "update_actor"), ("weight_sync", "update_weights")):  # fmt: skip
             assert abs(stages[ours] - m[f"timing_s/{verls}"]) <= 0.05 + 0.05 * m[f"timing_s/{verls}"], (ours, m)
         assert stages["rollout"] + stages["rollout_sleep"] <= m["timing_s/gen"] + 0.05
+        assert 0 < m["response_length/min"] <= m["response_length/max"] <= MAX_RESPONSE
+    # GRPO had signal (some groups mixed right and wrong answers), so the update moved the actor
+    assert any(m["actor/grad_norm"] > 0 for m in steps.values())
+    syncs = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert {(s["replica"], s["global_steps"]) for s in syncs} == {(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)}
+    for s in syncs:
+        assert s["rollout"] == s["actor"], s  # after each sync the replica holds exactly the actor's weights
+    by_step = {s["global_steps"]: s["actor"] for s in syncs}
+    assert by_step[0] != by_step[1] != by_step[2]  # the actor's weights changed at every step
 
 
 def test_cfg_job_prints_verl_config_and_jigsaw_group():
