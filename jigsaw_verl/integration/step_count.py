@@ -60,10 +60,15 @@ def planned_steps(config) -> StepCount:
 def _rows(path: str) -> int:
     """Rows of one data file verl reads (parquet, JSON lines, a JSON array); refused for what cannot be counted."""
     local = Path(path).expanduser()
-    if "://" in path or not local.is_file():
+    if "://" in path:
         raise JigsawConfigError(
             f"data.train_files: {path} is not a local file, so the step count cannot be derived before the run; "
             "set trainer.total_training_steps"
+        )
+    if not local.is_file():
+        raise JigsawConfigError(
+            f"data.train_files: {path} does not exist here (the step count comes from its rows); prepare the data "
+            "first or set trainer.total_training_steps"
         )
     try:
         if path.endswith(".parquet"):
