@@ -139,14 +139,12 @@ def cmd_mux(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Every pre-Ray check the entry point runs on a recipe, as the launcher would run it in a group."""
-    from jigsaw_verl.runtime.recipe_entry import check_recipes
+    from jigsaw_verl.runtime.recipe_entry import check_recipes, group_overrides
 
     recipe = [args.recipe, *args.overrides]
     if not Path(args.recipe).is_file():
         raise UsageError(f"recipe not found: {args.recipe}")
-    appended = ["jigsaw.enable=true", f"jigsaw.mux.group={args.group}", f"jigsaw.mux.policy={args.policy}"]
-    if args.pool_slots is not None:
-        appended.append(f"jigsaw.mux.pool_slots={args.pool_slots}")
+    appended = group_overrides(args.group, args.policy, pool_slots=args.pool_slots)
     (check,) = check_recipes([recipe], [appended])
     if not check.ok:
         raise UsageError(*(f"{args.recipe}: {line}" for line in check.problems))

@@ -79,14 +79,24 @@ def check_migration(settings: JigsawSettings, config: DictConfig) -> None:
         )
 
 
-def check_entry_args(argv: list[str]) -> None:
-    """Refuse a primary config other than verl's ``ppo_trainer`` (the entry point composes it plus the ``jigsaw``
-    group): a recipe's ``--config-name`` / ``--config-path``, e.g. verl's Megatron recipes."""
-    for i, arg in enumerate(argv):
-        flag, _, value = arg.partition("=")
+# hydra's flags that choose the primary config
+PRIMARY_CONFIG_FLAGS = ("--config-name", "-cn", "--config-path", "-cp")
+
+
+def split_primary_config(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--config-name`` / ``--config-path`` flags (``flag=value`` or ``flag value``), which
+    must name verl's ``ppo_trainer`` (the entry point composes it plus the ``jigsaw`` group); refuses another primary
+    config, e.g. verl's Megatron recipes', in one line."""
+    rest, i = [], 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
         if flag not in PRIMARY_CONFIG_FLAGS:
+            rest.append(argv[i])
+            i += 1
             continue
-        value = value or (argv[i + 1] if i + 1 < len(argv) else "")
+        if not eq:  # its value is the next word
+            value, i = (argv[i + 1] if i + 1 < len(argv) else ""), i + 1
+        i += 1
         if flag in ("--config-name", "-cn") and value.removesuffix(".yaml") in ("ppo_trainer", "jigsaw_ppo_trainer"):
             continue
         if flag in ("--config-path", "-cp") and value in ("config", str(CONFIG_FILE.parent)):
@@ -96,6 +106,7 @@ def check_entry_args(argv: list[str]) -> None:
             "recipe with another primary config (verl's Megatron recipes: ppo_megatron_trainer) cannot join a "
             "group yet"
         )
+    return rest
 
 
 def select_jigsaw_trainer(config: DictConfig) -> None:
@@ -172,21 +183,6 @@ def hydra_main(config: DictConfig) -> None:
     verl_main(config)  # hydra's decorator passes a given config straight through
 
 
-PRIMARY_CONFIG_FLAGS = ("--config-name", "-cn", "--config-path", "-cp")
-
-
-def _without_primary_config(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg.partition("=")[0] in PRIMARY_CONFIG_FLAGS:
-            skip = "=" not in arg  # its value is the next word
-        else:
-            out.append(arg)
-    return out
-
-
 def write_verdict(
     path: Path, problems: list[str], *, spec: dict | None = None, how: str = "", composing: bool = False
 ) -> int:
@@ -201,8 +197,7 @@ def main() -> None:
     """``python -m jigsaw_verl.main_ppo``: the command-line checks, then hydra (:func:`hydra_main`)."""
     argv = sys.argv[1:]
     try:
-        check_entry_args(argv)
-        argv = _without_primary_config(argv)  # verl's own, which the entry point composes anyway
+        argv = split_primary_config(argv)  # verl's own, which the entry point composes anyway
         check_jigsaw_overrides(argv)
     except JigsawConfigError as err:
         if os.environ.get(CHECK_ENV):

@@ -34,7 +34,7 @@ from jigsaw_verl.model.slots import slot_spec
 from jigsaw_verl.pool.timeline import Slice, Timeline
 from jigsaw_verl.runtime.leases import PolicyRefused
 from jigsaw_verl.runtime.live_policy import live_policy_factory
-from jigsaw_verl.runtime.recipe_entry import check_recipes, recipe_env, stop_sessions, write_shims
+from jigsaw_verl.runtime.recipe_entry import check_recipes, group_overrides, recipe_env, stop_sessions, write_shims
 
 # logical CPUs per CPU pipeline (the CPU backend gives a lone run 16)
 CPUS_PER_PIPELINE = 16
@@ -94,13 +94,7 @@ def launch(
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [f"p{i}-{Path(p[0]).stem}" for i, p in enumerate(parsed)]
-    group_args = [
-        "jigsaw.enable=true",
-        f"jigsaw.mux.group={group}",
-        f"jigsaw.mux.pool_slots={pool_slots}",
-        f"jigsaw.mux.policy={policy}",
-        f"jigsaw.mux.max_pipelines={len(parsed)}",
-    ]
+    group_args = group_overrides(group, policy, pool_slots=pool_slots, max_pipelines=len(parsed))
     appended = [[*group_args, f"jigsaw.mux.pipeline={n}", f"trainer.experiment_name={n}"] for n in names]
     plan = _GroupPlan(names, parsed, appended, group, pool_slots, slot, policy, device, out_dir)
     started = time.perf_counter()

@@ -45,6 +45,19 @@ exec {real} "${{args[@]}}"
 """
 
 
+def group_overrides(
+    group: str, policy: str, *, pool_slots: int | None = None, max_pipelines: int | None = None
+) -> list[str]:
+    """The ``jigsaw.*`` overrides that make a recipe a pipeline of ``group`` (what the launcher appends to each
+    recipe, and what ``jigsaw-verl check`` checks a recipe with)."""
+    args = ["jigsaw.enable=true", f"jigsaw.mux.group={group}", f"jigsaw.mux.policy={policy}"]
+    if pool_slots is not None:
+        args.append(f"jigsaw.mux.pool_slots={pool_slots}")
+    if max_pipelines is not None:
+        args.append(f"jigsaw.mux.max_pipelines={max_pipelines}")
+    return args
+
+
 def write_shims(folder: Path, path: str | None = None) -> Path:
     """Write the entry-point shims into ``folder`` (``python``, ``python3``, and ``uv`` if ``path`` has one)."""
     folder.mkdir(parents=True, exist_ok=True)
