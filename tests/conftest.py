@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 
 from jigsaw_verl.model.spec import workload_from_dict
+
+# Ray's raylet starts every worker at niceness 15 (RayConfig worker_niceness). Beside any nice-0 load on the machine
+# (a parallel build, the busy loops of a loaded test run) the pipelines' workers then get about 3% of a core each and a
+# 2-minute verl run takes over 15 minutes; the drivers and the launcher, not Ray workers, stay at niceness 0. The
+# tests run Ray's workers at the priority of the rest of the test, here and in every subprocess they start.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 TINY_MODEL = {"params_b": 0.5, "layers": 8, "hidden": 1024, "kv_heads": 4, "head_dim": 128}
 
