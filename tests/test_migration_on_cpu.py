@@ -1,8 +1,14 @@
-"""Rollout migration on real CPU rollout servers in Ray, through verl's own load balancer and resuming client."""
+"""Rollout migration on real CPU rollout servers in Ray, through verl's own load balancer and resuming client.
+
+The servers are started once per model for the whole module (a start loads torch, transformers and the model: about
+ten CPU-seconds each) and brought back to a clean state at every use the way verl brings its replicas back between
+steps: woken, sent the model's weights, resumed. Each use gets its own load balancer, client and migrator, and counts
+tokens from the servers' counters at that moment."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +17,8 @@ from omegaconf import OmegaConf
 from jigsaw_verl.integration.cpu.assets import build_tiny_assets
 
 RESPONSE = 24
+PROMPT = 64
+LONGEST = 480  # the longest response a test asks for (with max_tokens); the servers' context has room for it
 
 
 @pytest.fixture(scope="module")
@@ -47,59 +55,138 @@ def _recording_client_cls():
     return RecordingClient
 
 
-def _rollout(ray, n_servers: int, model=None, config=None, response_length: int = RESPONSE):
-    from jigsaw_verl.integration.cpu.rollout.server import CPURolloutServer
+class ServerPool:
+    """CPU rollout servers started once per model folder and handed out, clean, to each rollout of the module.
+
+    A server's default response is ``RESPONSE`` tokens (what verl's agent loop gets, as it sends no ``max_tokens``);
+    its context has room for ``LONGEST`` so a test can ask for longer responses with ``max_tokens``."""
+
+    def __init__(self, ray):
+        self.ray = ray
+        self.started: dict[str, list] = {}
+        self.weights: dict[str, object] = {}
+
+    def start(self, model: str, rank: int):
+        from jigsaw_verl.integration.cpu.rollout.server import CPURolloutServer
+
+        cfg = SimpleNamespace(max_num_seqs=64, prompt_length=PROMPT, response_length=RESPONSE,
+                              max_model_len=PROMPT + LONGEST, seed=0, full_determinism=False)  # fmt: skip
+        return (
+            self.ray.remote(CPURolloutServer)
+            .options(max_concurrency=1000, num_cpus=0)
+            .remote(config=cfg, model_config=SimpleNamespace(local_path=model), replica_rank=rank)
+        )
+
+    def servers(self, model: str, n: int) -> list:
+        """``n`` servers of ``model``, awake, holding the model's own weights and accepting requests."""
+        from transformers import AutoModelForCausalLM
+
+        have = self.started.setdefault(model, [])
+        have += [self.start(model, rank) for rank in range(len(have), n)]
+        if model not in self.weights:
+            state = AutoModelForCausalLM.from_pretrained(model).state_dict()
+            self.weights[model] = self.ray.put({k: v.clone() for k, v in state.items()})
+        for h in have[:n]:  # verl's order between steps: wake, load the trainer's weights, take requests again
+            self.ray.get(h.wake_up.remote())
+            self.ray.get(h.update_weights.remote(self.weights[model]))
+            self.ray.get(h.resume_generation.remote())
+        return have[:n]
+
+
+@pytest.fixture(scope="module")
+def pool(ray_session):
+    pool = ServerPool(ray_session)
+    yield pool
+    for handles in pool.started.values():
+        for h in handles:
+            ray_session.kill(h)
+
+
+@dataclass
+class Rollout:
+    """One rollout over pooled servers: its own client and migrator, its own balancer unless :meth:`again` made it;
+    token and request counts start at zero."""
+
+    ray: object
+    servers: dict
+    config: object
+    lb: object
+    client: object
+    migrator: object
+    tokens_at_start: dict
+    requests_at_start: int
+
+    async def tokens(self, names) -> int:
+        """Tokens the servers ``names`` generated in this rollout."""
+        stats = await asyncio.gather(*[self.servers[s].telemetry.remote() for s in names])
+        return sum(t["tokens_generated"] - self.tokens_at_start[s] for s, t in zip(names, stats))
+
+    async def until_tokens(self, names, n: int) -> None:
+        """Wait until the servers ``names`` have generated ``n`` tokens between them in this rollout."""
+        while await self.tokens(names) < n:
+            await asyncio.sleep(0.005)
+
+    def again(self) -> Rollout:
+        """A second rollout on the same servers and balancer: a new client and migrator, counts from now."""
+        return _rollout(self.ray, self.servers, self.config, lb=self.lb)
+
+    async def requests(self) -> int:
+        """Requests the servers were sent in this rollout (a resumed request counts again)."""
+        stats = await asyncio.gather(*[h.telemetry.remote() for h in self.servers.values()])
+        return sum(t["requests"] for t in stats) - self.requests_at_start
+
+
+def _rollout(ray, servers: dict, config=None, lb=None) -> Rollout:
     from jigsaw_verl.integration.rollout.load_balancer import MigratingLoadBalancer
     from jigsaw_verl.integration.rollout.migrator import RolloutMigrator
 
-    model = model or build_tiny_assets().model
-    cfg = SimpleNamespace(max_num_seqs=64, prompt_length=64, response_length=response_length, max_model_len=None,
-                          seed=0, full_determinism=False)  # fmt: skip
-    servers = {
-        f"r{i}": ray.remote(CPURolloutServer)
-        .options(max_concurrency=1000, num_cpus=0)
-        .remote(config=cfg, model_config=SimpleNamespace(local_path=str(model)), replica_rank=i)
-        for i in range(n_servers)
-    }
     # every server has loaded its model before any request is sent, as verl's replicas are up before a rollout;
     # otherwise one slow start-up holds the tests' telemetry polls while the other servers finish their work
-    ray.get([h.telemetry.remote() for h in servers.values()])
-    lb = ray.remote(MigratingLoadBalancer).remote(servers=servers)
+    stats = ray.get([h.telemetry.remote() for h in servers.values()])
+    lb = lb or ray.remote(MigratingLoadBalancer).remote(servers=servers)
     config = config or OmegaConf.create(
         {"actor_rollout_ref": {"rollout": {"name": "cpu", "full_determinism": False, "response_length": RESPONSE}}}
     )
     client = _recording_client_cls()(config=config, load_balancer_handle=lb)
-    return servers, lb, client, RolloutMigrator(lb, servers)
+    return Rollout(
+        ray=ray, servers=servers, config=config, lb=lb, client=client, migrator=RolloutMigrator(lb, servers),
+        tokens_at_start={s: t["tokens_generated"] for s, t in zip(servers, stats)},
+        requests_at_start=sum(t["requests"] for t in stats),
+    )  # fmt: skip
 
 
-async def _until_tokens(servers, names, n):
-    """Wait until the servers ``names`` have generated ``n`` tokens between them."""
-    while sum([(await servers[s].telemetry.remote())["tokens_generated"] for s in names]) < n:
-        await asyncio.sleep(0.005)
+def _named(handles: list) -> dict:
+    return {f"r{i}": h for i, h in enumerate(handles)}
 
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "ignore_eos": True}
 
 
-async def _generate_all(client, prompts):
+async def _generate_all(client, prompts, **params):
     return await asyncio.gather(
-        *[client.generate(f"req-{i}", prompt_ids=p, sampling_params=dict(GREEDY)) for i, p in enumerate(prompts)]
+        *[
+            client.generate(f"req-{i}", prompt_ids=p, sampling_params={**GREEDY, **params})
+            for i, p in enumerate(prompts)
+        ]
     )
 
 
-def test_greedy_tokens_identical_with_a_migration_midway(ray_session, prompts):
+def _tiny() -> str:
+    return str(build_tiny_assets().model)
+
+
+def test_greedy_tokens_identical_with_a_migration_midway(ray_session, pool, prompts):
     async def go():
-        servers, _, client, _ = _rollout(ray_session, 2)
-        plain = await _generate_all(client, prompts)
-        servers, lb, client, migrator = _rollout(ray_session, 2)
-        task = asyncio.create_task(_generate_all(client, prompts))
-        while (await servers["r1"].telemetry.remote())["tokens_generated"] < 2 * 16:
-            await asyncio.sleep(0.005)
-        report = await migrator.migrate(["r1"])
+        first = _rollout(ray_session, _named(pool.servers(_tiny(), 2)))
+        plain = await _generate_all(first.client, prompts)
+        ro = first.again()
+        task = asyncio.create_task(_generate_all(ro.client, prompts))
+        await ro.until_tokens(["r1"], 2 * 16)
+        report = await ro.migrator.migrate(["r1"])
         moved = await task
-        after = await migrator.telemetry()
-        await migrator.restore(["r1"])
-        restored = await lb.get_all_servers.remote()
+        after = await ro.migrator.telemetry()
+        await ro.migrator.restore(["r1"])
+        restored = await ro.lb.get_all_servers.remote()
         return plain, moved, report, after, restored
 
     plain, moved, report, after, restored = asyncio.run(go())
@@ -114,9 +201,9 @@ def test_greedy_tokens_identical_with_a_migration_midway(ray_session, prompts):
     assert sorted(restored) == ["r0", "r1"]
 
 
-def test_migrating_everything_is_refused(ray_session):
+def test_migrating_everything_is_refused(ray_session, pool):
     async def go():
-        _, _, _, migrator = _rollout(ray_session, 2)
+        migrator = _rollout(ray_session, _named(pool.servers(_tiny(), 2))).migrator
         with pytest.raises(Exception, match="cannot park every server"):
             await migrator.migrate(["r0", "r1"])
         with pytest.raises(KeyError, match="unknown replicas"):
@@ -128,27 +215,22 @@ def test_migrating_everything_is_refused(ray_session):
 SAMPLE = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 
 
-def test_many_requests_migrate_none_lost_none_run_twice(ray_session, prompts):
+def test_many_requests_migrate_none_lost_none_run_twice(ray_session, pool, prompts):
     """Sampling, half the requests stopping early at their end token: every request returns once, whole, and no
     finished request is run again: the servers saw exactly one call per request plus one per migrated request."""
 
     async def go():
-        servers, _, client, migrator = _rollout(ray_session, 3)
+        ro = _rollout(ray_session, _named(pool.servers(_tiny(), 3)))
         many = prompts * 2
         # half stop at their end token (some during the migration), half run to the full length (in flight)
         params = [dict(SAMPLE, ignore_eos=i % 2 == 0) for i in range(len(many))]
         task = asyncio.gather(
-            *[client.generate(f"m-{i}", prompt_ids=p, sampling_params=params[i]) for i, p in enumerate(many)]
+            *[ro.client.generate(f"m-{i}", prompt_ids=p, sampling_params=params[i]) for i, p in enumerate(many)]
         )
-        while (
-            sum(t["tokens_generated"] for t in await asyncio.gather(*[h.telemetry.remote() for h in servers.values()]))
-            < 120
-        ):
-            await asyncio.sleep(0.005)
-        report = await migrator.migrate(["r1", "r2"])
+        await ro.until_tokens(list(ro.servers), 120)
+        report = await ro.migrator.migrate(["r1", "r2"])
         outs = await task
-        calls = sum(t["requests"] for t in await asyncio.gather(*[h.telemetry.remote() for h in servers.values()]))
-        return many, outs, report, calls
+        return many, outs, report, await ro.requests()
 
     many, outs, report, calls = asyncio.run(go())
     assert len(outs) == len(many)
@@ -161,20 +243,21 @@ def test_many_requests_migrate_none_lost_none_run_twice(ray_session, prompts):
     assert calls == len(many) + report.migrated_requests
 
 
-def test_killed_replica_requests_resume_elsewhere(ray_session, prompts):
+def test_killed_replica_requests_resume_elsewhere(ray_session, pool, prompts):
     """The fault path is the migration path: kill a replica's actor mid-generation; its requests resume on
-    the other replica and finish with the same greedy text."""
+    the other replica and finish with the same greedy text. (The killed replica is a server of its own, not the
+    pool's.)"""
 
     async def go():
-        servers, _, client, _ = _rollout(ray_session, 2)
-        plain = await _generate_all(client, prompts[:12])
-        servers, lb, client, _ = _rollout(ray_session, 2)
-        task = asyncio.create_task(_generate_all(client, prompts[:12]))
-        while (await servers["r1"].telemetry.remote())["tokens_generated"] < 6:
-            await asyncio.sleep(0.005)
-        ray_session.kill(servers["r1"])
+        r0, r1 = pool.servers(_tiny(), 2)
+        plain = await _generate_all(_rollout(ray_session, {"r0": r0, "r1": r1}).client, prompts[:12])
+        victim = pool.start(_tiny(), rank=1)
+        ro = _rollout(ray_session, {"r0": r0, "r1": victim})
+        task = asyncio.create_task(_generate_all(ro.client, prompts[:12]))
+        await ro.until_tokens(["r1"], 6)
+        ray_session.kill(victim)
         outs = await task
-        return plain, outs, await lb.get_all_servers.remote()
+        return plain, outs, await ro.lb.get_all_servers.remote()
 
     plain, outs, routable = asyncio.run(go())
     assert routable == ["r0"]
@@ -182,30 +265,35 @@ def test_killed_replica_requests_resume_elsewhere(ray_session, prompts):
         assert a.token_ids == b.token_ids and len(b.token_ids) == RESPONSE
 
 
-def test_chosen_requests_move_to_chosen_targets(ray_session, prompts):
+def test_chosen_requests_move_to_chosen_targets(ray_session, pool, prompts):
     """``migrate(sources, targets, requests)``: first half of one replica's live requests move to a chosen
     target while the source keeps the rest and stays routable; then everything on another replica moves to the
     same target. Greedy text is unchanged, request ids are kept, and every resumed attempt went to the target."""
 
+    # responses four times the default: headroom so r1 is still generating after r2's subset migration and
+    # the polls that follow it, even on a loaded machine
+    length = {"max_tokens": 4 * RESPONSE}
+
     async def go():
-        # responses four times the default: headroom so r1 is still generating after r2's subset migration and
-        # the polls that follow it, even on a loaded machine
-        servers, _, client, _ = _rollout(ray_session, 3, response_length=4 * RESPONSE)
-        plain = await _generate_all(client, prompts)
-        servers, lb, client, migrator = _rollout(ray_session, 3, response_length=4 * RESPONSE)
-        task = asyncio.create_task(_generate_all(client, prompts))
-        await _until_tokens(servers, ["r2"], 2 * 8)
+        first = _rollout(ray_session, _named(pool.servers(_tiny(), 3)))
+        plain = await _generate_all(first.client, prompts, **length)
+        ro = first.again()
+        lb, migrator = ro.lb, ro.migrator
+        task = asyncio.create_task(_generate_all(ro.client, prompts, **length))
+        await ro.until_tokens(["r2"], 2 * 8)
         live = await lb.live_requests.remote()
         chosen = live["r2"][: len(live["r2"]) // 2]
         subset = await migrator.migrate(["r2"], targets=["r0"], requests=chosen)
         routable_after_subset = await lb.get_all_servers.remote()
-        await _until_tokens(servers, ["r1"], 6 * 8)
+        await ro.until_tokens(["r1"], 6 * 8)
         full = await migrator.migrate(["r1"], targets=["r0"])
         moved = await task
         counters = await lb.migration_counters.remote()
-        return plain, moved, chosen, subset, routable_after_subset, full, client.attempts, counters
+        return plain, moved, chosen, subset, routable_after_subset, full, ro.client.attempts, counters
 
     plain, moved, chosen, subset, routable_after_subset, full, attempts, counters = asyncio.run(go())
+    assert all(len(b.token_ids) == 4 * RESPONSE for b in moved)
+
     assert len(chosen) >= 2 and subset.migrated_requests == len(chosen) and not subset.freed
     assert sorted(routable_after_subset) == ["r0", "r1", "r2"]  # the source keeps its other requests
     assert full.freed and full.targets == ("r0",) and full.migrated_requests > 0
@@ -246,7 +334,7 @@ def _agent_loop_config(model_dir: str):
         )
 
 
-def test_agent_loop_batch_unchanged_by_a_migration(ray_session, prompts, tmp_path):
+def test_agent_loop_batch_unchanged_by_a_migration(ray_session, pool, prompts, tmp_path):
     """verl's own agent loop (``AgentLoopWorker`` + single-turn loop) over the migrating client: the output
     batch has the same fields, shapes and values (greedy) with a 2 -> 1 migration midway as without, uids and
     indices in order. The model is an untrained copy of the tiny one, so responses run long enough to migrate."""
@@ -275,13 +363,13 @@ def test_agent_loop_batch_unchanged_by_a_migration(ray_session, prompts, tmp_pat
         )
 
     async def go():
-        servers, _, client, _ = _rollout(ray_session, 2, model=tmp_path, config=config)
-        plain = await AgentLoopWorker(config, llm_client=client).generate_sequences(batch())
-        servers, _, client, migrator = _rollout(ray_session, 2, model=tmp_path, config=config)
-        task = asyncio.create_task(AgentLoopWorker(config, llm_client=client).generate_sequences(batch()))
-        await _until_tokens(servers, ["r1"], 2 * 16)
-        report = await migrator.migrate(["r1"])
-        return plain, await task, report, client.attempts
+        first = _rollout(ray_session, _named(pool.servers(str(tmp_path), 2)), config=config)
+        plain = await AgentLoopWorker(config, llm_client=first.client).generate_sequences(batch())
+        ro = first.again()
+        task = asyncio.create_task(AgentLoopWorker(config, llm_client=ro.client).generate_sequences(batch()))
+        await ro.until_tokens(["r1"], 2 * 16)
+        report = await ro.migrator.migrate(["r1"])
+        return plain, await task, report, ro.client.attempts
 
     plain, moved, report, attempts = asyncio.run(go())
     assert report.migrated_requests > 0
@@ -301,7 +389,7 @@ def test_agent_loop_batch_unchanged_by_a_migration(ray_session, prompts, tmp_pat
     assert list(moved.non_tensor_batch["index"]) == list(range(32))
 
 
-def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, prompts):
+def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, pool, prompts):
     """The live scheduler's side of a migration, on real servers: pipeline ``a`` rolls out on two replicas (slots 0
     and 1 of a 2-slot pool) while ``b``, whose home is slot 0, waits. The tail monitor reports a's replicas to the
     group each poll; once both are down to one long request, the group's policy orders replica 0's requests onto
@@ -317,7 +405,7 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
     from jigsaw_verl.model.slots import CPU_SLOT
     from jigsaw_verl.runtime.executor import LiveExecutor, ReplicaReport
 
-    LONG = 480
+    LONG = LONGEST
     homes = {"a": (0, 1), "b": (0,)}
     ex = LiveExecutor(2, CPU_SLOT, lambda workload: _MigrateForTheWaiting(homes), policy_name="test")
     ex.join(_spec("a"), 2, 0.0)
@@ -339,7 +427,8 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
             granted.extend(ex.migrated("a", 0, tuple(sources), 2.0))
 
     async def go():
-        servers, lb, client, migrator = _rollout(ray_session, 2, response_length=LONG)
+        ro = _rollout(ray_session, _named(pool.servers(_tiny(), 2)))
+        lb, client, migrator = ro.lb, ro.client, ro.migrator
         # two long requests, one on each replica (the second sent once the first is live: least in-flight routing
         # sends it to the other), then fourteen short ones: a tail of one request per replica, long enough for the
         # monitor's polls to see it
