@@ -157,9 +157,22 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"{spec['batch_prompts']} prompts x {spec['group_size']} responses a step, rollout TP {spec['rollout_tp']}"
     )
     print(f"  steps: {spec['steps']} ({check.steps_how})")
+    print(f"  memory: {_memory_line(check.engine, check.slot_memory_bytes)}")
     print("  planning spec the group's scheduler would see:")
     print(json.dumps(spec, indent=2))
     return 0
+
+
+def _memory_line(engine: dict, slot_bytes: float) -> str:
+    """What the recipe's engine reserves and pins per slot, and the setting two such pipelines would share at."""
+    from jigsaw_verl.model.engine_memory import ENGINE_FRACTION_KEY, EngineReservation, fitting_fraction
+
+    pair = fitting_fraction([EngineReservation(**engine)] * 2, slot_bytes)
+    return (
+        f"its engine reserves {engine['fraction']:g} of a {slot_bytes / 2**20:.4g} MiB slot and it pins "
+        f"{engine['pinned_bytes'] / 2**20:.3g} MiB there; two such pipelines share a slot at {ENGINE_FRACTION_KEY} "
+        f"<= {pair:g}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ PATCHES = (
     "jigsaw_verl.patches.fsdp2_cpu_offload",
     "jigsaw_verl.patches.resource_pool_check",
     "jigsaw_verl.patches.rollout_class_registry",
+    "jigsaw_verl.patches.fsdp_ledger",
 )
 
 

@@ -2,6 +2,7 @@
 # verl's GSM8K GRPO recipe, scaled down to a tiny model on the CPU: 3 GRPO steps, rollout.n=4.
 # Runs verl's own trainer (jigsaw.enable=false) through jigsaw_verl.main_ppo with trainer.device=cpu.
 # Extra arguments are appended as hydra overrides, e.g. `trainer.total_training_steps=2`.
+# gpu_memory_utilization=0.4: two pipelines' rollout engines share each slot in a multiplexing group (its memory rule).
 # ENTRY is the python entry point (default: -m jigsaw_verl.main_ppo; cpu_tiny_grpo_legacy.sh swaps it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,7 @@ exec $PY $ENTRY \
     actor_rollout_ref.rollout.name=cpu \
     actor_rollout_ref.rollout.n=4 \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.rollout.full_determinism=True \
     actor_rollout_ref.rollout.seed=7 \

@@ -192,3 +192,86 @@ def test_a_planned_migration_is_ordered_then_frees_the_sources_slots_for_the_wai
     assert [(s.start_s, s.end_s) for s in freed] == [(0.0, 3.0)]
     _check_leases(ex)
     assert not ex.policy_errors
+
+
+def _trainer_order(steps: int, validate_at: tuple[int, ...] = ()) -> list[tuple[str, int, str]]:
+    """The leases of trainer mode ``jigsaw`` in its order: start-up, then per step the previous step's sync handing
+    over to the rollout, log-prob, update; a validation after step k (-1: before training)."""
+    order = [("begin", -1, "init")]
+    order += [("begin", -1, "validate")] if -1 in validate_at else []
+    for k in range(steps):
+        order += [("begin", k - 1, "weight_sync"), ("handover", k, "rollout"), ("begin", k, "logprob")]
+        order += [("begin", k, "update")] + ([("begin", k, "validate")] if k in validate_at else [])
+    return order
+
+
+def _run_trainer_order(ex: LiveExecutor, names: list[str], steps: int, validate_at=()) -> dict[str, float]:
+    """Each pipeline walks :func:`_trainer_order` (a lease lasts 1 s, a rollout 3 s); a handover must be granted
+    at once; returns the finish times."""
+    todo = {n: _trainer_order(steps, validate_at) for n in names}
+    running: dict[str, tuple[float, int, str]] = {}
+    finished, now = {}, 0.0
+
+    def start(grants):
+        for g in grants:
+            assert g.pipeline not in running, "two leases of one pipeline at once"
+            running[g.pipeline] = (now + DURATION.get(g.stage, 1.0), g.step, g.stage)
+
+    for n in names:
+        start(ex.request(n, *todo[n].pop(0)[1:], now))
+    while running:
+        name, (end, step, stage) = min(running.items(), key=lambda kv: (kv[1][0], kv[0]))
+        now = end
+        del running[name]
+        if todo[name] and todo[name][0][0] == "handover":
+            _, next_step, next_stage = todo[name].pop(0)
+            grants = ex.handover(name, step, stage, next_step, next_stage, now)
+            assert grants and grants[0].pipeline == name and grants[0].stage == next_stage, grants
+            start(grants)
+            continue
+        start(ex.finish(name, step, stage, now))
+        if todo[name]:
+            start(ex.request(name, *todo[name].pop(0)[1:], now))
+        else:
+            finished[name] = now
+            start(ex.leave(name, now))
+    return finished
+
+
+@pytest.mark.parametrize("policy", ["jigsaw", "greedy"])
+def test_engine_leases_are_contiguous_and_leases_outside_the_graph_run_alone(policy):
+    """In the trainer's order (start-up, sync handing over to the rollout, validations): each pipeline's engines
+    are awake over one unbroken stretch of leases from each sync to the end of its rollout, on the same slots;
+    start-up and validation leases never share a slot with another pipeline's lease; only graph stages reach the
+    history the predictor learns from, and the policy decides every graph stage but the first sync."""
+    ex = _executor(2, policy)
+    for n in ("a", "b"):
+        ex.join(_spec(n), 2, 0.0)
+    assert sorted(_run_trainer_order(ex, ["a", "b"], 3, validate_at=(-1, 1))) == ["a", "b"]
+    _check_leases(ex)
+    assert not ex.policy_errors
+    for n in ("a", "b"):
+        mine = sorted((s for s in ex.slices if s.pipeline == n), key=lambda s: (s.start_s, s.stage))
+        for k in range(3):
+            sync = [s for s in mine if (s.step, s.stage) == (k - 1, WEIGHT_SYNC)]
+            rollout = [s for s in mine if (s.step, s.stage) == (k, "rollout")]
+            assert max(s.end_s for s in sync) == min(s.start_s for s in rollout), (n, k)
+            assert {g for s in sync for g in s.gpus} == {g for s in rollout for g in s.gpus} == {0, 1}
+        forced = {(s.step, s.stage) for s in mine if s.forced}
+        assert forced == {(-1, "init"), (-1, "validate"), (1, "validate"), (-1, WEIGHT_SYNC)}, forced
+    for s in ex.slices:
+        if s.stage in ("init", "validate"):
+            others = [o for o in ex.slices if o.pipeline != s.pipeline and set(o.gpus) & set(s.gpus)]
+            assert all(o.end_s <= s.start_s or o.start_s >= s.end_s for o in others), (s, others)
+    graph = {(k, st) for k in range(3) for st in STAGES} - {(2, WEIGHT_SYNC)}  # no sync after the last step
+    assert {(h.step, h.stage) for h in ex.history if h.pipeline == "a"} == graph
+
+
+def test_a_handover_of_a_lease_not_held_or_while_waiting_is_refused():
+    ex = _executor(2)
+    ex.join(_spec("a"), 2, 0.0)
+    with pytest.raises(ValueError, match="hands over weight_sync of step 0, which was not granted"):
+        ex.handover("a", 0, WEIGHT_SYNC, 1, "rollout", 0.0)
+    assert ex.request("a", -1, "init", 0.0)[0].forced
+    with pytest.raises(ValueError, match="unknown stage 'warmup'"):
+        ex.request("a", -1, "warmup", 0.0)

@@ -31,16 +31,20 @@ import pytest
 from verl_style import VERL_STYLE, cpu_size_overrides
 
 from jigsaw_verl.integration.cpu.assets import build_tiny_assets
+from jigsaw_verl.pool.ledger import engines_awake_outside_leases
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "cpu_tiny_grpo.sh"
 STEPS = 3
 COMMON = ["trainer.logger=[console,file]"]
-# two pipelines that differ in their sampling seed; b also consolidates its rollout tails (jigsaw.migration)
+# two pipelines that differ in their sampling seed; b also consolidates its rollout tails (jigsaw.migration); a
+# validates before training, b after its second and last steps (each validation runs under a lease of its own)
 PIPELINES = {
-    "a": ["actor_rollout_ref.rollout.seed=7"],
-    "b": ["actor_rollout_ref.rollout.seed=11", "jigsaw.migration.enable=true"],
+    "a": ["actor_rollout_ref.rollout.seed=7", "trainer.val_before_train=True"],
+    "b": ["actor_rollout_ref.rollout.seed=11", "jigsaw.migration.enable=true", "trainer.test_freq=2"],
 }
+# per pipeline, the steps after which it validates (0: before training)
+VALIDATIONS = {"a": {0}, "b": {2, 3}}
 MIGRATION_METRICS = (
     "jigsaw/migrations",
     "jigsaw/migrated_requests",
@@ -61,7 +65,14 @@ def _overrides(name: str, out: Path) -> list[str]:
 def _mux_recipes(out: Path) -> list[str]:
     """a through the bundled recipe, b through the verl-style script with the CPU-size overrides."""
     a = [str(RECIPE), f"trainer.total_training_steps={STEPS}", *_overrides("a", out)]
-    b = [str(VERL_STYLE), *cpu_size_overrides(), *_overrides("b", out)]
+    # the script reserves 0.6 of each slot for its engine, as verl's examples do; two engines and the pinned
+    # reference models fit one slot at 0.4 each (the group's memory rule refuses 0.6 before Ray)
+    b = [
+        str(VERL_STYLE),
+        *cpu_size_overrides(),
+        *_overrides("b", out),
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    ]
     return [" ".join(a), " ".join(b)]
 
 
@@ -151,10 +162,13 @@ def test_leases_never_oversubscribe_the_pool(runs):
     slices = [e for e in trace if e.get("ph") == "X"]
     pipelines = {e["name"].split("/")[0] for e in slices}
     assert len(pipelines) == 2
-    for p in pipelines:
+    for p, name in zip(MUX_NAMES, PIPELINES, strict=True):
         stages = {tuple(e["name"].split("/")[1:]) for e in slices if e["name"].startswith(p + "/")}
-        for step in range(STEPS):
-            assert {(str(step), s) for s in ("rollout", "logprob", "update", "weight_sync")} <= stages, (p, stages)
+        # each step's stages; the syncs that precede each rollout (-1: the first); start-up and validations
+        graph = {(str(step), s) for step in range(STEPS) for s in ("rollout", "logprob", "update")}
+        graph |= {(str(step - 1), "weight_sync") for step in range(STEPS)} | {("-1", "init")}
+        graph |= {(str(v - 1), "validate") for v in VALIDATIONS[name]}
+        assert stages == graph, (p, stages ^ graph)
     leases = json.loads((runs["out"] / "mux" / "leases.json").read_text())
     assert {x["pipeline"] for x in leases} == pipelines
     for slot in {g for lease in leases for g in lease["gpus"]}:
@@ -188,10 +202,50 @@ def test_pipelines_share_one_placement_group_and_move_state_with_their_leases(ru
     for name in PIPELINES:
         m = _steps(runs["metrics"][("mux", name)])
         for step in range(1, STEPS + 1):
-            # log-prob, update, weight sync; step 1 also counts the offload right after start-up
-            assert m[step]["jigsaw/onloads"] == 3 and m[step]["jigsaw/offloads"] == 3 + (step == 1), m[step]
+            # weight sync, log-prob, update; a validation just before (its sync's); step 1: the start-up's offload
+            validated = step - 1 in VALIDATIONS[name]
+            assert m[step]["jigsaw/onloads"] == 3 + validated, m[step]
+            assert m[step]["jigsaw/offloads"] == 3 + validated + (step == 1), m[step]
         a = _steps(runs["metrics"][("alone", name)])
         assert "jigsaw/onloads" not in a[1]  # alone (no group) nothing moves
+
+
+def test_ledger_every_byte_is_charged_and_no_slot_ever_exceeds_its_memory(runs):
+    """The multiplexed run against the CPU backend's device-memory ledger (``memory.json``): both pipelines'
+    engines (one replica per slot) and their actors' parameters, gradients and optimizer state were charged where
+    they live, no slot ever held more than its memory (a charge over it would have failed the run, as CUDA's
+    allocator fails), everything was released when the pipelines left, and the trace has a memory track per
+    slot."""
+    memory = json.loads((runs["out"] / "mux" / "memory.json").read_text())
+    events = memory["events"]
+    capacity = memory["capacity_bytes"]
+    assert capacity > 0 and memory["slots"] == 2
+    for name in MUX_NAMES:
+        holders = {(e["slot"], e["holder"]) for e in events if e["pipeline"] == name and e["held_bytes"] > 0}
+        for rank in (0, 1):
+            parts = {f"engine/r{rank}", *(f"actor/rank{rank}/{p}" for p in ("params", "grads", "optim"))}
+            assert parts <= {h for slot, h in holders if slot == rank}, (name, rank, holders)
+    assert all(e["slot_bytes"] <= capacity * (1 + 1e-9) for e in events)
+    assert max(memory["peak_bytes"]) <= capacity * (1 + 1e-9)
+    last = {e["slot"]: e["slot_bytes"] for e in events}
+    assert last == {0: 0.0, 1: 0.0}, last
+    trace = json.loads((runs["out"] / "mux" / "mux.trace.json").read_text())["traceEvents"]
+    assert {e["name"] for e in trace if e.get("ph") == "C"} == {"slot 0 memory", "slot 1 memory"}
+
+
+def test_ledger_no_engine_is_awake_outside_its_pipelines_leases_and_start_ups_never_overlap(runs):
+    """Every stretch in which a rollout engine held device memory lies inside its pipeline's leases on that slot
+    (start-up; the sync handing over to its rollout; validations): verl's end-of-step sync no longer leaves the
+    engines awake on slots granted to the other pipeline, and a migrated-from replica goes back asleep. The two
+    pipelines' start-ups (engine launch and memory profiling) never overlap on their shared slots."""
+    memory = json.loads((runs["out"] / "mux" / "memory.json").read_text())
+    leases = json.loads((runs["out"] / "mux" / "leases.json").read_text())
+    assert engines_awake_outside_leases(memory, leases) == []
+    engine = [e for e in memory["events"] if e["holder"].startswith("engine/")]
+    assert {e["pipeline"] for e in engine if e["held_bytes"] > 0} == set(MUX_NAMES)
+    inits = sorted((x["start_s"], x["end_s"], tuple(x["gpus"])) for x in leases if x["stage"] == "init")
+    assert len(inits) == 2 and inits[0][2] == inits[1][2] == (0, 1), inits  # alone on the shared slots
+    assert inits[0][1] <= inits[1][0], inits
 
 
 @pytest.mark.parametrize(

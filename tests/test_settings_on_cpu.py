@@ -37,6 +37,7 @@ def _run_config(**jigsaw) -> DictConfig:
                 "use_v1": True, "v1": {"trainer_mode": "sync"},
             },
             "reward": {"reward_model": {"enable_resource_pool": False}},
+            "data": {"train_batch_size": 8},
             "actor_rollout_ref": {
                 "model": {"path": str(build_tiny_assets().model)}, "actor": {"strategy": "fsdp"},
                 "rollout": {"name": "vllm"},

@@ -15,7 +15,12 @@ import dataclasses
 from omegaconf import DictConfig
 
 from jigsaw_verl.integration.mux_checks import mux_problems
-from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name, pipeline_spec_from_verl
+from jigsaw_verl.integration.pipeline_spec import (
+    engine_reservation_from_verl,
+    mux_pipeline_name,
+    mux_slot_spec,
+    pipeline_spec_from_verl,
+)
 from jigsaw_verl.integration.settings import JigsawConfigError, JigsawSettings
 from jigsaw_verl.integration.step_count import planned_steps
 
@@ -40,4 +45,10 @@ def check_report(config: DictConfig) -> dict:
         return {"problems": problems}
     count = planned_steps(config)
     spec = pipeline_spec_from_verl(mux_pipeline_name(settings.mux, config), config, steps=count.steps)
-    return {"problems": [], "spec": dataclasses.asdict(spec), "how": count.how}
+    return {
+        "problems": [],
+        "spec": dataclasses.asdict(spec),
+        "how": count.how,
+        "engine": dataclasses.asdict(engine_reservation_from_verl(settings.mux, config, spec)),
+        "slot_memory_bytes": mux_slot_spec(settings.mux, config, spec).memory_bytes,
+    }

@@ -13,15 +13,17 @@ import time
 import ray
 
 from jigsaw_verl.integration.pipeline_spec import (
+    engine_reservation_from_verl,
     mux_pipeline_name,
     mux_pool_slots,
+    mux_slot_spec,
     mux_slots,
     pipeline_spec_from_verl,
 )
 from jigsaw_verl.integration.settings import JigsawConfigError, MuxSettings
-from jigsaw_verl.model.graph import STAGES
-from jigsaw_verl.model.slots import slot_spec
-from jigsaw_verl.runtime.executor import PolicyRefused, PoolTooSmall
+from jigsaw_verl.model.graph import OUTSIDE_STAGES, STAGES
+from jigsaw_verl.runtime.executor import EngineMemoryRefused, PolicyRefused, PoolTooSmall
+from jigsaw_verl.runtime.ledger_actor import find_ledger
 from jigsaw_verl.runtime.pool_placement import PoolPlacement
 from jigsaw_verl.runtime.scheduler import Presence, get_scheduler
 
@@ -40,18 +42,19 @@ class StageLeases:
             raise JigsawConfigError("jigsaw.enable=true needs jigsaw.mux.group: the multiplexing group to join")
         self.pipeline = mux_pipeline_name(mux, config)
         slots = mux_slots(mux, config)
-        gpu = slot_spec(str(config.trainer.get("device", "cuda")), mux.gpu)
-        pool = mux_pool_slots(mux, config)
-        self.scheduler = get_scheduler(mux.group, pool, gpu, mux.policy, mux.max_pipelines)
+        self.slots = slots
         spec = pipeline_spec_from_verl(self.pipeline, config, steps=steps)
+        pool = mux_pool_slots(mux, config)
+        self.scheduler = get_scheduler(mux.group, pool, mux_slot_spec(mux, config, spec), mux.policy, mux.max_pipelines)
+        engine = engine_reservation_from_verl(mux, config, spec)
         self.presence = ray.remote(Presence).options(num_cpus=0).remote()
         try:
-            ray.get(self.scheduler.join.remote(spec, slots, self.presence, offload=mux.offload))
+            ray.get(self.scheduler.join.remote(spec, slots, self.presence, offload=mux.offload, engine=engine))
         except ray.exceptions.RayTaskError as err:
             if isinstance(err.cause, PoolTooSmall):
                 raise PoolTooSmall(f"jigsaw.mux.slots: {err.cause}") from None
-            if isinstance(err.cause, PolicyRefused):
-                raise PolicyRefused(str(err.cause)) from None
+            if isinstance(err.cause, (PolicyRefused, EngineMemoryRefused)):
+                raise type(err.cause)(str(err.cause)) from None
             raise
         self.current: tuple[int, str] | None = None
         self.granted_at = 0.0  # wall time of the held stage's grant
@@ -59,8 +62,15 @@ class StageLeases:
         self.residency = None  # a LeaseResidency once the pipeline's workers exist
 
     def pool(self, device_resource: str) -> PoolPlacement:
-        """The group's pool placement group (made by the scheduler at the first call) and this pipeline's home."""
-        return ray.get(self.scheduler.pool.remote(device_resource, self.pipeline))
+        """The group's pool placement group (made by the scheduler at the first call) and this pipeline's home.
+        Where the pool has a device-memory ledger (the CPU backend), this pipeline's Ray job is registered with it
+        first, so every process of the job charges it as this pipeline."""
+        placement = ray.get(self.scheduler.pool.remote(device_resource, self.pipeline))
+        ledger = find_ledger(placement.placement_group.id.hex())
+        if ledger is not None:  # rank r of the pipeline's workers goes to slot first_slot + r (shared_pool)
+            home = list(range(placement.first_slot, placement.first_slot + self.slots))
+            ray.get(ledger.register.remote(ray.get_runtime_context().get_job_id(), self.pipeline, home))
+        return placement
 
     def report_placement(self, workers: list) -> list[dict]:
         """Ask each worker actor which placement group and node it runs in; tell the scheduler; return it."""
@@ -76,12 +86,27 @@ class StageLeases:
 
     def begin(self, step: int, stage: str) -> dict:
         """Block until ``stage`` of ``step`` is granted (ending the stage held before, if any)."""
-        if stage not in STAGES:
+        if stage not in STAGES + OUTSIDE_STAGES:
             raise ValueError(f"unknown stage {stage!r}")
         self.end()
         started = time.perf_counter()
         grant = ray.get(self.scheduler.acquire.remote(self.pipeline, step, stage))
         self.wait_s[stage] = self.wait_s.get(stage, 0.0) + time.perf_counter() - started
+        self.current = (step, stage)
+        self.granted_at = time.time()
+        if self.residency is not None:
+            self.residency.onload(stage)
+        return grant
+
+    def handover(self, step: int, stage: str) -> dict:
+        """End the held stage and start ``stage`` of ``step`` on its slots at once, without waiting for the policy:
+        the pipeline's rollout engines are awake across the two (a weight sync, start-up or validation followed by a
+        rollout), so no moment passes outside a lease."""
+        if self.current is None:
+            raise RuntimeError(f"{self.pipeline} holds no lease to hand over to {stage} of step {step}")
+        if self.residency is not None:
+            self.residency.offload(self.current[1])
+        grant = ray.get(self.scheduler.handover.remote(self.pipeline, *self.current, step, stage))
         self.current = (step, stage)
         self.granted_at = time.time()
         if self.residency is not None:

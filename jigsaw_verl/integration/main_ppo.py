@@ -183,11 +183,11 @@ def hydra_main(config: DictConfig) -> None:
     verl_main(config)  # hydra's decorator passes a given config straight through
 
 
-def write_verdict(
-    path: Path, problems: list[str], *, spec: dict | None = None, how: str = "", composing: bool = False
-) -> int:
-    """Write the check mode's verdict for the launcher (and print each problem); the exit code: 0 or 2."""
-    path.write_text(json.dumps({"problems": problems, "spec": spec, "how": how, "composing": composing}))
+def write_verdict(path: Path, problems: list[str], *, composing: bool = False, **found) -> int:
+    """Write the check mode's verdict for the launcher (the problems, and what :func:`check_report` found: the
+    planning spec, where its steps came from, the engine reservation, the slot memory), print each problem; the
+    exit code: 0 or 2."""
+    path.write_text(json.dumps({"problems": problems, "how": "", "composing": composing, **found}))
     for line in problems:
         print(f"jigsaw_verl.main_ppo: error: {line}", file=sys.stderr)
     return 2 if problems else 0

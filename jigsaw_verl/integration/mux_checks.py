@@ -13,9 +13,17 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from jigsaw_verl.integration.model_lookup import find_model_config
-from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name, mux_slots
+from jigsaw_verl.integration.pipeline_spec import (
+    VERL_ENGINE_FRACTION,
+    engine_reservation_from_verl,
+    mux_pipeline_name,
+    mux_slot_spec,
+    mux_slots,
+    pipeline_spec_from_verl,
+)
 from jigsaw_verl.integration.settings import JigsawConfigError, MuxSettings
 from jigsaw_verl.integration.step_count import planned_steps
+from jigsaw_verl.model.engine_memory import ENGINE_FRACTION_KEY, slot_memory_refusal
 
 # verl's FSDP engines (model_engine=dp): what the leases and the residency are built and tested on
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
@@ -105,6 +113,20 @@ def _engine(mux: MuxSettings, config: DictConfig) -> None:
         )
 
 
+def _engine_memory(mux: MuxSettings, config: DictConfig) -> None:
+    # the pipeline alone on a slot: its engine's reservation beside what it pins (the group's rule is applied over
+    # every pipeline by the launcher and, at join, by the group's executor)
+    fraction = config.actor_rollout_ref.rollout.get("gpu_memory_utilization", VERL_ENGINE_FRACTION)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise JigsawConfigError(f"{ENGINE_FRACTION_KEY}={fraction!r}: a multiplexed pipeline needs a number in (0, 1]")
+    spec = pipeline_spec_from_verl(mux_pipeline_name(mux, config), config, steps=planned_steps(config).steps)
+    refusal = slot_memory_refusal(
+        [engine_reservation_from_verl(mux, config, spec)], mux_slot_spec(mux, config, spec).memory_bytes, 0
+    )
+    if refusal:
+        raise JigsawConfigError(refusal)
+
+
 MUX_CHECKS: tuple[Callable[[MuxSettings, DictConfig], None], ...] = (
     _group,
     _policy,
@@ -115,6 +137,7 @@ MUX_CHECKS: tuple[Callable[[MuxSettings, DictConfig], None], ...] = (
     _reward_model,
     _trainer_mode,
     _engine,
+    _engine_memory,
 )
 
 

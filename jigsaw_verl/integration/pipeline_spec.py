@@ -13,8 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jigsaw_verl.integration.model_lookup import find_model_config
-from jigsaw_verl.model.catalogue import model_from_hf_config
+from jigsaw_verl.model.catalogue import GPUSpec, model_from_hf_config
+from jigsaw_verl.model.engine_memory import EngineReservation
+from jigsaw_verl.model.memory import train_state_bytes
+from jigsaw_verl.model.slots import sized_slot, slot_spec
 from jigsaw_verl.model.spec import LengthDist, PipelineSpec
+
+# verl's RolloutConfig.gpu_memory_utilization default (verl/workers/config/rollout.py), for a config without the key
+VERL_ENGINE_FRACTION = 0.5
 
 if TYPE_CHECKING:
     from jigsaw_verl.integration.settings import MuxSettings
@@ -70,4 +76,27 @@ def pipeline_spec_from_verl(name: str, config, *, steps: int | None = None) -> P
         or bool(_get(config, "algorithm.use_kl_in_reward", False)),
         rollout_tp=int(_get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1)),
         steps=int(steps),
+    )
+
+
+def mux_slot_spec(mux: MuxSettings, config, spec: PipelineSpec) -> GPUSpec:
+    """The slot hardware the group plans with, its memory sized (``jigsaw.mux.slot_memory_mib``, else the GPU's; on
+    the CPU scaled to ``spec``'s model, :func:`~jigsaw_verl.model.slots.sized_slot`)."""
+    device = str(_get(config, "trainer.device", "cuda"))
+    return sized_slot(slot_spec(device, mux.gpu), device, spec.model, mux.slot_memory_mib, mux.gpu)
+
+
+def engine_reservation_from_verl(mux: MuxSettings, config, spec: PipelineSpec) -> EngineReservation:
+    """What the pipeline's rollout engine reserves (``actor_rollout_ref.rollout.gpu_memory_utilization``) and what
+    it keeps on each of its slots outside every lease: the training state when ``jigsaw.mux.offload`` is off. The
+    reference model keeps nothing there: verl's FSDP engines always give a forward-only model CPU offload (FSDP1
+    ``CPUOffload(offload_params=True)``, FSDP2 ``CPUOffloadPolicy``: ``verl/workers/engine/fsdp/transformer_impl.py``,
+    ``_build_fsdp_module``), so its weights reach the device only while its log-probs are computed, in a lease."""
+    slots = mux_slots(mux, config)
+    pinned = 0.0 if mux.offload else train_state_bytes(spec.model, critic=spec.critic, ref_model=False) / slots
+    return EngineReservation(
+        pipeline=spec.name,
+        slots=slots,
+        fraction=float(_get(config, "actor_rollout_ref.rollout.gpu_memory_utilization", VERL_ENGINE_FRACTION)),
+        pinned_bytes=pinned,
     )

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import time
 
-from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
+from jigsaw_verl.model.graph import INIT, LOGPROB, ROLLOUT, UPDATE, VALIDATE, WEIGHT_SYNC
 
 # what each stage computes with, as verl's ``to`` flags; the rollout stage uses the replicas' own weights and KV
-# cache, which verl wakes and sleeps itself
+# cache, which verl wakes and sleeps itself; start-up builds the state where verl puts it (the trainer offloads it
+# at its end); a validation generates with the replicas (the trainer brings the model on for its sync alone)
 STAGE_STATE: dict[str, dict[str, bool]] = {
     ROLLOUT: {},
     LOGPROB: {"model": True, "optimizer": False, "grad": False},
     UPDATE: {"model": True, "optimizer": True, "grad": True},
     WEIGHT_SYNC: {"model": True, "optimizer": False, "grad": False},
+    INIT: {},
+    VALIDATE: {},
 }
 
 

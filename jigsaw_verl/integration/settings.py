@@ -62,6 +62,14 @@ def _slots_or_null(key: str, value: Any) -> int | None:
     return value
 
 
+def _mib_or_null(key: str, value: Any) -> float | None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+    ):
+        raise JigsawConfigError(f"{key} must be a positive number of MiB or null, got {value!r}")
+    return None if value is None else float(value)
+
+
 def _policy(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise JigsawConfigError(f"{key} must be a policy name (a string, e.g. jigsaw), got {value!r}")
@@ -126,6 +134,9 @@ class MuxSettings:
         offload: move the training state onto the workers' devices when a stage's lease starts and back to host
             memory when it ends.
         gpu: GPU type from the catalogue (``H100-80G``, ...) for the policy's cost model; ignored on the CPU.
+        slot_memory_mib: device memory of one pool slot, MiB (> 0), that the group's memory rule plans with and the
+            CPU backend's ledger enforces; ``None``: ``gpu``'s memory, on the CPU scaled to the model
+            (:func:`~jigsaw_verl.model.slots.sized_slot`).
     """
 
     group: str | None = _key(_name_or_null)
@@ -136,6 +147,7 @@ class MuxSettings:
     max_pipelines: int = _key(_max_pipelines)
     offload: bool = _key(_flag)
     gpu: str | None = _key(_gpu)
+    slot_memory_mib: float | None = _key(_mib_or_null)
 
 
 @dataclass(frozen=True, kw_only=True)

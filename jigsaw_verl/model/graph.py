@@ -23,6 +23,12 @@ from jigsaw_verl.model.spec import PipelineSpec
 
 ROLLOUT, LOGPROB, UPDATE, WEIGHT_SYNC = "rollout", "logprob", "update", "weight_sync"
 STAGES: tuple[str, ...] = (ROLLOUT, LOGPROB, UPDATE, WEIGHT_SYNC)
+# Leases a live pipeline holds outside its step graph (the simulator has no such nodes): its start-up (worker and
+# engine initialisation, step -1) and each validation (its own weight sync and generation, at the step it follows).
+INIT, VALIDATE = "init", "validate"
+OUTSIDE_STAGES: tuple[str, ...] = (INIT, VALIDATE)
+# the leases inside which a pipeline's rollout engines may hold device memory (awake)
+ENGINE_STAGES: tuple[str, ...] = (ROLLOUT, WEIGHT_SYNC, INIT, VALIDATE)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jigsaw_verl.model.graph import ROLLOUT
+from jigsaw_verl.model.graph import ROLLOUT, STAGES
 from jigsaw_verl.policy.interface import Lease, PipelineView, ReadyStage, ReplicaView, Snapshot, StageTiming
 from jigsaw_verl.pool.holds import SlotHolds
 from jigsaw_verl.pool.progress import PipelineProgress
@@ -41,10 +41,13 @@ class ExecutorView:
 
 def running_by_pipeline(holds: SlotHolds) -> dict[str, list[tuple[int, str, tuple[int, ...]]]]:
     """Per pipeline, its running stages ``(step, stage, slots)`` in slot order; its rollout replicas as one entry
-    ``(-1, "rollout", every replica slot)`` after its other stages."""
+    ``(-1, "rollout", every replica slot)`` after its other stages. Leases outside the step graph are not stages
+    (the slots they hold are busy all the same)."""
     stages: dict[str, list] = {}
     rollout: dict[str, set[int]] = {}
     for h in holds.holds():
+        if h.stage not in STAGES:  # a live lease outside the step graph (start-up, validation): its slots are busy
+            continue
         if h.stage == ROLLOUT:
             rollout.setdefault(h.pipeline, set()).update(h.slots)
         else:

@@ -33,6 +33,7 @@ def trace_events(timelines: dict[str, Timeline]) -> list[dict]:
     return events
 
 
-def write_trace(timelines: dict[str, Timeline], path: str | Path) -> None:
-    """Write a trace that chrome://tracing and ui.perfetto.dev open."""
-    Path(path).write_text(json.dumps({"traceEvents": trace_events(timelines), "displayTimeUnit": "ms"}))
+def write_trace(timelines: dict[str, Timeline], path: str | Path, extra_events: list[dict] = ()) -> None:
+    """Write a trace that chrome://tracing and ui.perfetto.dev open (``extra_events``: more events, e.g. counters)."""
+    events = trace_events(timelines) + list(extra_events)
+    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

@@ -22,10 +22,17 @@ What differs from the simulator, and why:
   pipeline runs through its migrator; the source slots stay leased until it says the migration is done
   (``migrated``), then the rollout's lease shrinks to the targets. Replica ``r`` runs on home slots ``r * tp`` to
   ``(r + 1) * tp - 1`` (verl's rollout replicas over its worker ranks).
-- verl publishes weights after the last step too; that sync is granted without asking the policy, whose graph
-  has no sync after the last step. If nothing runs and the policy defers every requested stage, the oldest request
-  is granted on the pipeline's home (``Grant.forced``) so the pool never deadlocks; a policy that raises is logged
-  (``policy_errors``) and treated the same way.
+- Engines awake only inside leases: a pipeline's rollout engines hold their memory from its weight sync until its
+  rollout ends, so the sync of step ``k`` *hands its lease over* to the rollout of step ``k + 1`` (``handover``: the
+  same slots at the same share, in one call, without the policy). Its first sync (step -1), its start-up
+  (:data:`~jigsaw_verl.model.graph.INIT`) and each validation (:data:`~jigsaw_verl.model.graph.VALIDATE`, with its
+  own sync) are leases outside the step graph: granted without the policy on the pipeline's whole home when no
+  other lease holds any of it, and nothing is granted beside them (two engines never start or profile memory on
+  one slot at once). They are not stage times the predictor learns from. A sync after the last step (verl's
+  own trainer makes one) is granted without the policy too.
+- If nothing runs and the policy defers every requested stage, the oldest request is granted on the pipeline's
+  home (``Grant.forced``) so the pool never deadlocks; a policy that raises is logged (``policy_errors``) and
+  treated the same way.
 
 No Ray, verl or torch here: tests drive it directly, and :mod:`.scheduler` wraps it in a Ray actor.
 """
@@ -37,15 +44,18 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from jigsaw_verl.model.catalogue import GPUSpec
+from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.footprint import stage_resident_bytes
-from jigsaw_verl.model.graph import ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
+from jigsaw_verl.model.graph import ENGINE_STAGES, OUTSIDE_STAGES, ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
 from jigsaw_verl.model.spec import ClusterSpec, PipelineSpec, WorkloadSpec
 from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, Snapshot, features_of
 from jigsaw_verl.pool.holds import Hold, Refusal, Segment, SlotHolds
+from jigsaw_verl.pool.homes import pick_home, sharing_refusal
 from jigsaw_verl.pool.progress import PipelineProgress
 from jigsaw_verl.pool.snapshot import ExecutorView, build_snapshot
 from jigsaw_verl.pool.timeline import Slice
 from jigsaw_verl.runtime.leases import (
+    EngineMemoryRefused,
     Grant,
     MigrationOrder,
     PolicyRefused,
@@ -57,7 +67,15 @@ from jigsaw_verl.runtime.live_view import REPLICA_ID_STRIDE, LivePipe, replica_s
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Grant", "LiveExecutor", "MigrationOrder", "PolicyRefused", "PoolTooSmall", "ReplicaReport"]
+__all__ = [
+    "EngineMemoryRefused",
+    "Grant",
+    "LiveExecutor",
+    "MigrationOrder",
+    "PolicyRefused",
+    "PoolTooSmall",
+    "ReplicaReport",
+]
 
 
 class LiveExecutor:
@@ -88,16 +106,30 @@ class LiveExecutor:
         self.policy_errors: list[str] = []
 
     # ---- membership ------------------------------------------------------------------------------------------
-    def join(self, spec: PipelineSpec, slots: int, now: float, *, offload: bool = True) -> None:
+    def join(
+        self,
+        spec: PipelineSpec,
+        slots: int,
+        now: float,
+        *,
+        offload: bool = True,
+        engine: EngineReservation | None = None,
+    ) -> None:
         """Add a pipeline that runs its stages on ``slots`` slots; ``offload``: it moves its training state off
-        the devices between leases (else that state stays resident on its home)."""
+        the devices between leases (else that state stays resident on its home); ``engine``: what its rollout
+        engine reserves and what it pins on each home slot, refused (:class:`EngineMemoryRefused`) when it does not
+        fit beside the engines of the pipelines already living there."""
         if spec.name in self.pipes:
             raise ValueError(f"pipeline {spec.name!r} already joined this group")
         if slots > self.num_slots:
             raise PoolTooSmall(f"pipeline {spec.name!r} needs {slots} slots but the group's pool has {self.num_slots}")
+        home = self._pick_home(slots)
+        refusal = self._engine_refusal(home, engine) if engine is not None else None
+        if refusal:
+            raise EngineMemoryRefused(f"pipeline {spec.name!r} cannot join: {refusal}")
         progress = PipelineProgress(name=spec.name, index=self._next_index, steps=spec.steps, arrival_s=now)
         progress.arrived = True
-        self.pipes[spec.name] = LivePipe(spec=spec, progress=progress, home=self._pick_home(slots), offload=offload)
+        self.pipes[spec.name] = LivePipe(spec=spec, progress=progress, home=home, offload=offload, engine=engine)
         self._policy = None
         try:
             self._check_modes(self.policy())
@@ -123,12 +155,16 @@ class LiveExecutor:
 
     def _pick_home(self, slots: int) -> tuple[int, ...]:
         """The contiguous run of ``slots`` slots the fewest joined pipelines live on (the lowest such run)."""
-        load = [0] * self.num_slots
-        for ps in self.pipes.values():
-            for g in ps.home:
-                load[g] += 1
-        start = min(range(self.num_slots - slots + 1), key=lambda s: (sum(load[s : s + slots]), s))
-        return tuple(range(start, start + slots))
+        return pick_home([ps.home for ps in self.pipes.values()], slots, self.num_slots)
+
+    def _engine_refusal(self, home: tuple[int, ...], engine: EngineReservation) -> str | None:
+        """The slot memory rule over the pipelines already living on ``home`` plus the newcomer's ``engine``."""
+        placed: dict[tuple[int, ...], list[EngineReservation]] = {}
+        for ps in self.pipes.values():  # in join order, the newcomer last
+            if ps.engine is not None and set(ps.home) & set(home):
+                placed.setdefault(ps.home, []).append(ps.engine)
+        placed.setdefault(home, []).append(engine)
+        return sharing_refusal(placed, self.gpu.memory_bytes)
 
     def leave(self, pipeline: str, now: float, reason: str = "finished") -> list[Grant]:
         """Remove a pipeline (finished, or crashed: its leases are reclaimed); returns new grants for others."""
@@ -146,8 +182,8 @@ class LiveExecutor:
     def request(self, pipeline: str, step: int, stage: str, now: float) -> list[Grant]:
         """``pipeline`` waits to start ``stage`` of ``step``; returns the grants this decision made."""
         ps = self._pipe(pipeline)
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+        if stage not in STAGES + OUTSIDE_STAGES:
+            raise ValueError(f"unknown stage {stage!r} (stages: {', '.join(STAGES + OUTSIDE_STAGES)})")
         if ps.requested is not None:
             raise ValueError(f"{pipeline} already waits for {ps.requested}; one request at a time")
         ps.requested, ps.requested_s = (step, stage), now
@@ -164,6 +200,22 @@ class LiveExecutor:
         self._end(ps, (step, stage), now, record=True, finish_offsets_s=tuple(sorted(finish_offsets_s)))
         return self.decide(now)
 
+    def handover(
+        self, pipeline: str, step: int, stage: str, next_step: int, next_stage: str, now: float
+    ) -> list[Grant]:
+        """``pipeline`` ends ``stage`` of ``step`` and starts ``next_stage`` of ``next_step`` on the same slots at the
+        same share at once, without the policy: its rollout engines are awake across the two (a weight sync, start-up
+        or validation followed by a rollout). Returns the grants this made (the handover's first)."""
+        ps = self._pipe(pipeline)
+        if (step, stage) not in ps.running:
+            raise ValueError(f"{pipeline} hands over {stage} of step {step}, which was not granted")
+        if ps.requested is not None:
+            raise ValueError(f"{pipeline} already waits for {ps.requested}; one request at a time")
+        share = ps.running[(step, stage)].sm_share
+        self._end(ps, (step, stage), now, record=True)
+        ps.requested, ps.requested_s = (next_step, next_stage), now
+        return self._try_grant(ps, share, now, forced=False, admit=False) + self.decide(now)
+
     def _end(
         self, ps: LivePipe, key: tuple[int, str], now: float, *, record: bool, finish_offsets_s: tuple = ()
     ) -> None:
@@ -171,7 +223,7 @@ class LiveExecutor:
         if key[1] == ROLLOUT:
             ps.replicas, ps.migrating, ps.gone, ps.orders = {}, set(), set(), []
         self.slices += lease_slices(self.holds.release(ps.holds.pop(key), now), now)
-        if not record:
+        if not record or not _in_graph(*key):
             return
         self.history.append(ps.progress.end(*key, now, finish_offsets_s))
         if key[1] == UPDATE:
@@ -283,8 +335,9 @@ class LiveExecutor:
         return slot_free_bytes(self.pipes.values(), self.gpu, self.num_slots)
 
     def _bypass(self, ps: LivePipe, step: int, stage: str) -> bool:
-        # verl syncs weights after the last step too; the core graph does not (nothing rolls out after it)
-        return stage == WEIGHT_SYNC and step >= ps.spec.steps - 1
+        """Granted without the policy: leases outside the step graph, and a sync after the last step (verl's trainer
+        makes one; nothing rolls out after it)."""
+        return not _in_graph(step, stage) or (stage == WEIGHT_SYNC and step >= ps.spec.steps - 1)
 
     # ---- deciding --------------------------------------------------------------------------------------------
     def decide(self, now: float) -> list[Grant]:
@@ -316,13 +369,14 @@ class LiveExecutor:
             self.policy_errors.append(f"{type(err).__name__}: {err}")
             return ()
 
-    def _try_grant(self, ps: LivePipe, share: float, now: float, *, forced: bool) -> list[Grant]:
+    def _try_grant(self, ps: LivePipe, share: float, now: float, *, forced: bool, admit: bool = True) -> list[Grant]:
         """Grant ``ps``'s requested stage on its home through the pool's holds (alone: the whole slots; beside one
-        other pipeline's lease: at ``share``, if its memory fits there too); nothing when the pool refuses."""
+        other pipeline's lease: at ``share``, if its memory fits there too); nothing when the pool refuses.
+        ``admit``: apply the admission rules (off for a handover, whose memory is resident already)."""
         step, stage = ps.requested
         alone = all(not self.holds.on(g) for g in ps.home)
         share = 1.0 if alone else share
-        if not alone and not self._fits_beside(ps, stage):
+        if not alone and admit and not self._may_share(ps, stage):
             return []
         hold = Hold(ps.spec.name, step, stage, forced=forced)
         claimed = self.holds.claim(hold, ps.home, share, now)
@@ -333,13 +387,31 @@ class LiveExecutor:
         ps.requested = None
         ps.running[(step, stage)] = grant
         ps.holds[(step, stage)] = hold
-        ps.progress.start(step, stage, now, len(ps.home))
+        if _in_graph(step, stage):
+            ps.progress.start(step, stage, now, len(ps.home))
         return [grant]
+
+    def _may_share(self, ps: LivePipe, stage: str) -> bool:
+        """Whether ``ps``'s ``stage`` may run beside the other pipelines' leases on its home: never a lease outside
+        the graph, nor beside one; a weight sync not beside a rollout (it hands over to its own rollout, and two
+        rollouts never share a slot); else when its memory fits (:meth:`_fits_beside`)."""
+        beside = {h.stage for g in ps.home for h in self.holds.on(g)}
+        if stage in OUTSIDE_STAGES or beside & set(OUTSIDE_STAGES) or (stage == WEIGHT_SYNC and ROLLOUT in beside):
+            return False
+        return self._fits_beside(ps, stage)
 
     def _fits_beside(self, ps: LivePipe, stage: str) -> bool:
         """Memory admission of a co-located grant: the stage's footprint fits what its home slots have free."""
         need = stage_resident_bytes(ps.spec, stage, len(ps.home))
         if stage != ROLLOUT and not ps.offload:
             need = 0.0  # its training state is resident there already
+        if ps.engine is not None and stage in ENGINE_STAGES:  # its engines' whole reservation, as free_bytes counts
+            need = (need if stage != ROLLOUT else 0.0) + ps.engine.fraction * self.gpu.memory_bytes
         free = self.free_bytes()
         return all(free[g] >= need for g in ps.home)
+
+
+def _in_graph(step: int, stage: str) -> bool:
+    """Whether ``stage`` of ``step`` is a node of the pipeline's step graph (what the policy plans and the predictor
+    learns from), not a lease outside it (start-up, validation, the first sync)."""
+    return step >= 0 and stage in STAGES

@@ -10,8 +10,9 @@ one ``RAY_ADDRESS`` names (on a GPU cluster), creates the group's scheduler acto
 session of its own, its driver joining the cluster through ``RAY_ADDRESS``. While they run it prints a progress bar
 per pipeline (steps done, the stage it holds or waits for); at the end it writes a combined Perfetto trace and a
 utilisation plot of the leases (``mux.trace.json``, ``mux.png``, the raw leases in ``leases.json``), where every
-pipeline's workers were placed (``pool.json``: all in the pool's one placement group, which the scheduler owns)
-and the stage times its predictor learned from (``stage_times.json``), beside each pipeline's log and metrics
+pipeline's workers were placed (``pool.json``: all in the pool's one placement group, which the scheduler owns),
+the stage times its predictor learned from (``stage_times.json``) and, on the CPU backend, the device-memory
+ledger's timeline (``memory.json``, also a memory track per slot in the trace), beside each pipeline's log and metrics
 (``<pipeline>.log``, ``<pipeline>.metrics.jsonl``). A pipeline that fails does not stop the others; the
 launcher's exit code is the first non-zero one. Ctrl-C (SIGINT) or SIGTERM stops every pipeline's session, the
 group's scheduler and the Ray cluster the launcher started, and exits 130.
@@ -34,7 +35,14 @@ from jigsaw_verl.model.slots import slot_spec
 from jigsaw_verl.pool.timeline import Slice, Timeline
 from jigsaw_verl.runtime.leases import PolicyRefused
 from jigsaw_verl.runtime.live_policy import live_policy_factory
-from jigsaw_verl.runtime.recipe_entry import check_recipes, group_overrides, recipe_env, stop_sessions, write_shims
+from jigsaw_verl.runtime.recipe_entry import (
+    check_recipes,
+    group_memory_problem,
+    group_overrides,
+    recipe_env,
+    stop_sessions,
+    write_shims,
+)
 
 # logical CPUs per CPU pipeline (the CPU backend gives a lone run 16)
 CPUS_PER_PIPELINE = 16
@@ -99,19 +107,23 @@ def launch(
     plan = _GroupPlan(names, parsed, appended, group, pool_slots, slot, policy, device, out_dir)
     started = time.perf_counter()
     with _stop_on_sigterm():
-        _check_group(plan, progress)
+        # the slot memory the group plans with (its first pipeline's: the one that would create the group)
+        memory = _check_group(plan, progress) or slot.memory_bytes
+        plan = dataclasses.replace(plan, slot=dataclasses.replace(slot, memory_bytes=memory))
         runs, artefacts, interrupted = _run_group(plan, progress)
     wall = time.perf_counter() - started
     rcs = {r.name: r.rc for r in runs}
     if interrupted:
         progress(f"mux: interrupted after {wall:.0f} s; stopped {', '.join(names)}, the group's scheduler and Ray")
         return {"rc": 130, "wall_s": wall, "pipelines": rcs, "trace": None, "plot": None, "interrupted": True}
-    trace, placement, history = artefacts
+    trace, placement, history, memory = artefacts
     trace_path, plot_path = out_dir / "mux.trace.json", out_dir / "mux.png"
     (out_dir / "leases.json").write_text(json.dumps(trace, indent=1))
     (out_dir / "pool.json").write_text(json.dumps(placement, indent=1))
     (out_dir / "stage_times.json").write_text(json.dumps(history, indent=1))
-    write_live_trace(trace, trace_path, pool_slots)
+    if memory is not None:
+        (out_dir / "memory.json").write_text(json.dumps(memory, indent=1))
+    write_live_trace(trace, trace_path, pool_slots, memory)
     write_live_plot(trace, plot_path, pool_slots, title=f"group {group}: {len(runs)} pipelines, policy {policy}")
     progress(f"mux: done in {wall:.0f} s; trace {trace_path}, plot {plot_path}; exit codes {rcs}")
     return {
@@ -137,24 +149,29 @@ class _GroupPlan:
     out_dir: Path
 
 
-def _check_group(plan: _GroupPlan, progress) -> None:
-    """Every recipe through the entry point's check mode (all at once, no Ray); refuse the group on a problem."""
+def _check_group(plan: _GroupPlan, progress) -> float:
+    """Every recipe through the entry point's check mode (all at once, no Ray); refuse the group on a problem.
+    Returns the slot memory the group plans with, bytes."""
     progress(f"mux: checking {len(plan.recipes)} recipes (every pre-Ray check of the entry point, no Ray yet)")
     checks = check_recipes(plan.recipes, plan.appended)
     problems = [f"{n} ({c.recipe}): {line}" for n, c in zip(plan.names, checks, strict=True) for line in c.problems]
     if problems:
         raise RecipeRefused(problems)
+    memory = group_memory_problem(checks, plan.pool_slots)
+    if memory:
+        raise RecipeRefused([f"the group's {len(checks)} pipelines: {memory}"])
     for name, c in zip(plan.names, checks, strict=True):
         spec = c.spec
         progress(
             f"mux: {name}: {spec['model']['name']}, {spec['batch_prompts']} prompts x {spec['group_size']}, "
             f"{spec['steps']} steps ({c.steps_how})"
         )
+    return checks[0].slot_memory_bytes
 
 
 def _run_group(plan: _GroupPlan, progress) -> tuple[list[_Run], tuple | None, bool]:
     """Start Ray, the group's scheduler and every pipeline; wait for them. Returns ``(runs, (trace, placement,
-    history) or None, interrupted)``."""
+    history, memory) or None, interrupted)``."""
     import ray
 
     from jigsaw_verl.runtime.scheduler import NAMESPACE, actor_name, get_scheduler
@@ -170,7 +187,8 @@ def _run_group(plan: _GroupPlan, progress) -> tuple[list[_Run], tuple | None, bo
         for name, recipe, extra in zip(plan.names, plan.recipes, plan.appended, strict=True):
             runs.append(_start_pipeline(name, recipe, extra, shims, address, plan.out_dir, progress))
         _watch(runs, scheduler, progress)
-        artefacts = tuple(ray.get(getattr(scheduler, m).remote()) for m in ("trace", "placement", "history"))
+        methods = ("trace", "placement", "history", "memory")
+        artefacts = tuple(ray.get(getattr(scheduler, m).remote()) for m in methods)
     except KeyboardInterrupt:
         interrupted, artefacts = True, None
         progress("mux: interrupted; stopping every pipeline, the group's scheduler and Ray")
@@ -305,11 +323,15 @@ def live_timeline(trace: list[dict], pool_slots: int) -> Timeline:
     return Timeline(label="live leases", num_slots=pool_slots, end_s=end, slices=slices)
 
 
-def write_live_trace(trace: list[dict], path: Path, pool_slots: int) -> None:
-    """The leases as a Chrome/Perfetto trace (a track per slot, a slice per stage), like the simulator's."""
+def write_live_trace(trace: list[dict], path: Path, pool_slots: int, memory: dict | None = None) -> None:
+    """The leases as a Chrome/Perfetto trace (a track per slot, a slice per stage), like the simulator's, with the
+    ledger's ``memory`` timeline (when there is one) as a counter per slot on the leases' clock."""
+    from jigsaw_verl.pool.ledger import memory_track
     from jigsaw_verl.report.trace import write_trace
 
-    write_trace({"live": live_timeline(trace, pool_slots)}, path)
+    t0 = min((float(s["start_s"]) for s in trace), default=0.0)
+    counters = [] if memory is None else memory_track(memory, pid=1, t0_s=t0)
+    write_trace({"live": live_timeline(trace, pool_slots)}, path, extra_events=counters)
 
 
 def write_live_plot(trace: list[dict], path: Path, pool_slots: int, *, title: str = "") -> None:

@@ -13,6 +13,10 @@ class PoolTooSmall(ValueError):
     """A pipeline needs more slots than the group's pool has."""
 
 
+class EngineMemoryRefused(ValueError):
+    """A pipeline's rollout engine and pinned state do not fit beside those already living on its home slots."""
+
+
 class PolicyRefused(ValueError):
     """The group's policy needs something the live runtime cannot run (asynchronous execution)."""
 

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from jigsaw_verl.model.catalogue import GPUSpec
-from jigsaw_verl.model.graph import ROLLOUT
+from jigsaw_verl.model.engine_memory import EngineReservation
+from jigsaw_verl.model.graph import ENGINE_STAGES, ROLLOUT
 from jigsaw_verl.model.memory import rollout_weight_bytes, train_state_bytes, usable_bytes
 from jigsaw_verl.model.spec import PipelineSpec
 from jigsaw_verl.policy.interface import ReplicaView
@@ -31,6 +32,7 @@ class LivePipe:
     progress: PipelineProgress
     home: tuple[int, ...]
     offload: bool
+    engine: EngineReservation | None = None  # what its rollout engine reserves and it pins on each home slot
     requested: tuple[int, str] | None = None
     requested_s: float = 0.0
     running: dict[tuple[int, str], Grant] = field(default_factory=dict)
@@ -59,29 +61,46 @@ def replica_slots(ps: LivePipe, grant: Grant) -> dict[int, tuple[int, ...]]:
 
 
 def slot_free_bytes(pipes: Iterable[LivePipe], gpu: GPUSpec, num_slots: int) -> tuple[float, ...]:
-    """Per slot, device memory nothing running holds, bytes: each lease's resident state (a rollout replica's
-    weights, split over its tensor-parallel group, and the KV its pipeline reports it holds; the training state
-    sharded over the home), and the training state of a pipeline that keeps it on its home between leases
-    (``offload=False``), counted once; the simulator's rule over what is really there."""
-    room = usable_bytes(gpu)
-    state, kv = [0.0] * num_slots, [0.0] * num_slots
+    """Per slot, device memory nothing running holds, bytes: each lease's resident state and what a pipeline keeps
+    on its home between leases, counted once; the simulator's rule over what is really there."""
+    used = [0.0] * num_slots
     for ps in pipes:
-        train = set(ps.home) if not ps.offload else set()
-        for (step, stage), hold in ps.holds.items():
-            if stage != ROLLOUT:
-                train |= set(hold.slots)
-                continue
-            tp = max(1, ps.spec.rollout_tp)
-            for g in hold.slots:
-                state[g] += rollout_weight_bytes(ps.spec.model) / tp
+        for g, held in _held_bytes(ps, gpu).items():
+            used[g] += held
+    return tuple(usable_bytes(gpu) - used[g] for g in range(num_slots))
+
+
+def _held_bytes(ps: LivePipe, gpu: GPUSpec) -> dict[int, float]:
+    """Slot -> bytes pipeline ``ps`` holds there. A lease its engines are awake in (``ENGINE_STAGES``: rollout,
+    weight sync, start-up, validation): their reservation where the pipeline said what its engine reserves
+    (``ps.engine``), else (a rollout) the replicas' weights (split over the tensor-parallel group) plus the KV each
+    reports holding. Any lease but a rollout: the training state sharded over the home. Between leases: the pinned
+    bytes it declared, else the training state when it does not offload."""
+    held: dict[int, float] = {}
+
+    def add(slots, nbytes: float) -> None:
+        for g in slots:
+            held[g] = held.get(g, 0.0) + nbytes
+
+    train = set(ps.home) if not ps.offload and ps.engine is None else set()
+    tp = max(1, ps.spec.rollout_tp)
+    for (step, stage), hold in ps.holds.items():
+        if stage != ROLLOUT:
+            train |= set(hold.slots) if ps.offload else set()
+        if ps.engine is not None and stage in ENGINE_STAGES:
+            add(hold.slots, ps.engine.fraction * gpu.memory_bytes)
+        elif stage == ROLLOUT:
+            add(hold.slots, rollout_weight_bytes(ps.spec.model) / tp)
             for rank, slots in replica_slots(ps, ps.running[(step, stage)]).items():
                 rep = ps.replicas.get(rank)
-                for g in slots if rep is not None else ():
-                    kv[g] += rep.kv_held_tokens * ps.spec.model.kv_bytes_per_token / tp
-        shard = train_state_bytes(ps.spec.model, critic=ps.spec.critic, ref_model=ps.spec.ref_model) / len(ps.home)
-        for g in train:
-            state[g] += shard
-    return tuple(room - state[g] - kv[g] for g in range(num_slots))
+                add(
+                    slots if rep is not None else (),
+                    rep.kv_held_tokens * ps.spec.model.kv_bytes_per_token / tp if rep else 0.0,
+                )
+    add(train, train_state_bytes(ps.spec.model, critic=ps.spec.critic, ref_model=ps.spec.ref_model) / len(ps.home))
+    if ps.engine is not None:
+        add(ps.home, ps.engine.pinned_bytes)
+    return held
 
 
 def replica_views(pipes: Iterable[LivePipe]) -> tuple[tuple[ReplicaView, ...], dict[int, int]]:

@@ -26,6 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jigsaw_verl.model.engine_memory import EngineReservation
+from jigsaw_verl.pool.homes import group_memory_refusal
+
 # the entry point's check mode: a path it writes its verdict to (and then exits, before Ray)
 CHECK_ENV = "JIGSAW_VERL_CHECK"
 VERL_ENTRY, PLUGIN_ENTRY = "verl.trainer.main_ppo", "jigsaw_verl.main_ppo"
@@ -90,16 +93,27 @@ class RecipeCheck:
         problems: one line per problem (empty: it can join a group).
         spec: the planning spec the scheduler would see (``PipelineSpec`` fields), when there is no problem.
         steps_how: where its step count came from.
+        engine: what its rollout engine reserves and it pins per slot (``EngineReservation`` fields).
+        slot_memory_bytes: the slot memory its group would plan with.
     """
 
     recipe: str
     problems: tuple[str, ...]
     spec: dict | None = None
     steps_how: str = ""
+    engine: dict | None = None
+    slot_memory_bytes: float | None = None
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def group_memory_problem(checks: list[RecipeCheck], pool_slots: int) -> str | None:
+    """The slot memory rule over a group of checked recipes (placed in order, as the launcher starts them, by the
+    executor's home rule) on the slot memory the first one (the group's creator) plans with; ``None``: it fits."""
+    reservations = [EngineReservation(**c.engine) for c in checks]
+    return group_memory_refusal(reservations, pool_slots, checks[0].slot_memory_bytes)
 
 
 def check_recipes(recipes: list[list[str]], appended: list[list[str]], *, progress=None) -> list[RecipeCheck]:
@@ -134,7 +148,14 @@ def _verdict(recipe: list[str], proc: subprocess.Popen, verdict: Path, log: Path
         return RecipeCheck(recipe=given, problems=(f"its check did not finish in {CHECK_TIMEOUT_S} s",))
     if verdict.is_file():
         data = json.loads(verdict.read_text())
-        return RecipeCheck(recipe=given, problems=tuple(data["problems"]), spec=data.get("spec"), steps_how=data["how"])
+        return RecipeCheck(
+            recipe=given,
+            problems=tuple(data["problems"]),
+            spec=data.get("spec"),
+            steps_how=data["how"],
+            engine=data.get("engine"),
+            slot_memory_bytes=data.get("slot_memory_bytes"),
+        )
     tail = " | ".join(line.strip() for line in log.read_text().splitlines()[-3:] if line.strip())
     why = f"it exited {rc} first: {tail}" if rc else "it exited 0 without calling it"
     return RecipeCheck(

@@ -21,14 +21,24 @@ from dataclasses import asdict, replace
 import ray
 
 from jigsaw_verl.model.catalogue import GPUSpec
+from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.spec import PipelineSpec
-from jigsaw_verl.runtime.executor import Grant, LiveExecutor, PolicyRefused, PoolTooSmall, ReplicaReport
+from jigsaw_verl.runtime.executor import (
+    EngineMemoryRefused,
+    Grant,
+    LiveExecutor,
+    PolicyRefused,
+    PoolTooSmall,
+    ReplicaReport,
+)
+from jigsaw_verl.runtime.ledger_actor import NAMESPACE, create_ledger
 from jigsaw_verl.runtime.live_policy import live_policy_factory
 from jigsaw_verl.runtime.pool_placement import VERL_COLOCATE, PoolPlacement, pool_bundle
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE = "jigsaw_mux"
+# the Ray resource of a CPU backend's slot (verl's CPU platform: a slot is one CPU)
+CPU_RESOURCE = "CPU"
 # how long the pool's placement group may take to be placed before the group reports the cluster too small
 POOL_READY_TIMEOUT_S = 120.0
 
@@ -64,6 +74,8 @@ class MuxScheduler:
         self.group = group
         self.max_pipelines = max_pipelines
         self._pool: tuple[str, PoolPlacement] | None = None
+        self.slot_memory_bytes = gpu.memory_bytes
+        self._ledger = None  # the CPU backend's device-memory ledger, made with the pool
         self._placed: dict[str, list[dict]] = {}
         try:
             factory, self.refused = live_policy_factory(policy), None
@@ -87,16 +99,24 @@ class MuxScheduler:
             self._grants[key] = g
             self._events.setdefault(key, asyncio.Event()).set()
 
-    async def join(self, pipeline: PipelineSpec, slots: int, owner=None, offload: bool = True) -> dict:
+    async def join(
+        self,
+        pipeline: PipelineSpec,
+        slots: int,
+        owner=None,
+        offload: bool = True,
+        engine: EngineReservation | None = None,
+    ) -> dict:
         """Join the group with the pipeline's planning spec and slot need; ``owner`` is an actor handle whose
         death means the pipeline crashed; ``offload``: whether its training state leaves the devices between
-        leases. Raises :class:`PoolTooSmall` for a pipeline that cannot fit, :class:`PolicyRefused` when the
-        group's policy cannot run live."""
+        leases; ``engine``: what its rollout engine reserves and it pins per slot. Raises :class:`PoolTooSmall` for
+        a pipeline that cannot fit, :class:`EngineMemoryRefused` for one whose engine does not fit beside those on
+        its home, :class:`PolicyRefused` when the group's policy cannot run live."""
         try:
             if self.refused is not None:
                 raise self.refused
-            self.executor.join(pipeline, slots, self._now(), offload=offload)
-        except (PoolTooSmall, PolicyRefused) as err:
+            self.executor.join(pipeline, slots, self._now(), offload=offload, engine=engine)
+        except (PoolTooSmall, PolicyRefused, EngineMemoryRefused) as err:
             self.errors[pipeline.name] = str(err)
             raise
         if owner is not None:
@@ -128,11 +148,18 @@ class MuxScheduler:
                     f"of {bundle} on one node within {POOL_READY_TIMEOUT_S:.0f} s"
                 ) from None
             self._pool = (device_resource, PoolPlacement(pg, colocate, self.executor.num_slots))
+            if device_resource == CPU_RESOURCE:  # the CPU enforces no device memory: the ledger does
+                self._ledger = create_ledger(pg.id.hex(), self.executor.num_slots, self.slot_memory_bytes, self.t0)
+                await self._ledger.__ray_ready__.remote()
         if self._pool[0] != device_resource:
             raise ValueError(
                 f"group {self.group!r} pools {self._pool[0]} slots; a pipeline on {device_resource} cannot join it"
             )
         return replace(self._pool[1], first_slot=self.executor.home(pipeline)[0])
+
+    async def memory(self) -> dict | None:
+        """The device-memory ledger's timeline (``memory.json``), or ``None`` when the pool has none (GPUs)."""
+        return None if self._ledger is None else await self._ledger.timeline.remote()
 
     async def placed(self, pipeline: str, workers: list[dict]) -> None:
         """A pipeline reports where its workers went (each: ``placement_group_id``, ``node_id``)."""
@@ -150,10 +177,19 @@ class MuxScheduler:
 
     async def acquire(self, pipeline: str, step: int, stage: str) -> dict:
         """Wait until ``stage`` of ``step`` is granted; return the grant."""
-        key = (pipeline, step, stage)
-        event = self._events.setdefault(key, asyncio.Event())
         self._deliver(self.executor.request(pipeline, step, stage, self._now()))
-        await event.wait()
+        return await self._granted(pipeline, step, stage)
+
+    async def handover(self, pipeline: str, held_step: int, held_stage: str, step: int, stage: str) -> dict:
+        """End the held ``held_stage`` of ``held_step`` and start ``stage`` of ``step`` on its slots at once (the
+        executor's ``handover``: the pipeline's engines stay awake across the two); return the grant."""
+        self._deliver(self.executor.handover(pipeline, held_step, held_stage, step, stage, self._now()))
+        return await self._granted(pipeline, step, stage)
+
+    async def _granted(self, pipeline: str, step: int, stage: str) -> dict:
+        """Wait until ``stage`` of ``step`` of ``pipeline`` is granted (``_deliver`` sets its event)."""
+        key = (pipeline, step, stage)
+        await self._events.setdefault(key, asyncio.Event()).wait()
         self._events.pop(key, None)
         if key not in self._grants:
             raise RuntimeError(
@@ -182,6 +218,8 @@ class MuxScheduler:
         """Leave the group (a finished pipeline); its leases, if any, go back to the pool."""
         self._owners.pop(pipeline, None)
         self._deliver(self.executor.leave(pipeline, self._now(), reason))
+        if self._ledger is not None:  # its processes end (or ended): what they held is freed
+            await self._ledger.release_pipeline.remote(pipeline)
         for key, event in list(self._events.items()):
             if key[0] == pipeline:  # wake its waiting acquire, which then raises
                 event.set()

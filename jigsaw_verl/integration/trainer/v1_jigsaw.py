@@ -13,11 +13,16 @@ worker groups in the group's shared pool (``_init_resource_pool_mgr``:
 :class:`~jigsaw_verl.integration.shared_pool.SharedPoolManager`); when the workers exist (``on_init_end``) it reports
 where they went and hands them to a :class:`~jigsaw_verl.integration.residency.LeaseResidency`
 (``jigsaw.mux.offload``), which moves the training state on and off the devices with each lease. Every stage then runs
-under a lease from the group's live scheduler (:class:`~jigsaw_verl.integration.lease_client.StageLeases`): rollout
-from ``on_step_begin`` (before verl submits the prompts) to ``on_sample_end`` (after the replicas sleep; it reports
-when each response finished), log-prob (reward, old/ref log-prob, values, advantage) until ``_compute_advantage``
-returns, update (critic and actor, checkpoint) until ``on_step_end``, then the weight sync; the pipeline leaves the
-group when ``fit`` returns or raises. Each step logs ``jigsaw/lease_wait_s/<stage>`` and the residency's
+under a lease from the group's live scheduler (:class:`~jigsaw_verl.integration.lease_client.StageLeases`), and the
+rollout engines are awake inside leases only (they hold their whole ``gpu_memory_utilization`` reservation then):
+start-up from joining to ``on_init_end`` (a lease outside the step graph, alone on the pipeline's slots; verl
+sleeps the replicas at its end and the first sync is the first rollout's); from ``on_step_begin`` the previous
+step's weight sync (verl's ``update_weights``, which wakes the replicas), whose lease hands over at once to the
+rollout until ``on_sample_end`` (after verl sleeps the replicas; it reports when each response finished); log-prob
+(reward, old/ref log-prob, values, advantage) until ``_compute_advantage`` returns; update (critic and actor,
+checkpoint) until ``on_step_end``; each validation (``on_validate_begin`` to ``on_validate_end``) under a lease
+of its own with its own sync, the replicas put to sleep at its end. The pipeline leaves the group when ``fit``
+returns or raises. Each step logs ``jigsaw/lease_wait_s/<stage>`` and the residency's
 ``jigsaw/onload_s`` / ``jigsaw/offload_s``.
 The load balancer is :class:`~jigsaw_verl.integration.rollout.load_balancer.MigratingLoadBalancer`, selected through
 verl's ``actor_rollout_ref.rollout.router_config_path`` (``jigsaw_verl.main_ppo`` sets both).
@@ -37,7 +42,7 @@ from jigsaw_verl.integration.rollout.client import MigratingLLMServerClient
 from jigsaw_verl.integration.rollout.migrator import RolloutMigrator
 from jigsaw_verl.integration.rollout.tail_monitor import TailMonitor, TailPolicy, freed_replica_seconds
 from jigsaw_verl.integration.settings import JigsawSettings
-from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
+from jigsaw_verl.model.graph import INIT, LOGPROB, ROLLOUT, UPDATE, VALIDATE, WEIGHT_SYNC
 
 TRAINER_MODE = "jigsaw"
 
@@ -78,19 +83,51 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
             self.resource_pool_manager = SharedPoolManager(
                 manager.resource_pool_spec, manager.mapping, leases.pool(get_resource_name()), leases.pipeline
             )
+            # start-up (FSDP init, the replicas' launch and memory profiling) under a lease of its own, alone on the
+            # pipeline's slots: two pipelines' engines never start on one slot at once
+            leases.begin(-1, INIT)
 
     def on_init_end(self):
-        super().on_init_end()
+        leases = self._leases()
+        if leases is None:
+            super().on_init_end()  # verl's first weight sync
+            return
+        # in a group the first sync is the head of the first rollout's lease: one here would leave the replicas
+        # awake, outside every lease, until then (verl put them to sleep at the end of its set-up)
+        leases.report_placement(self.actor_rollout_wg.workers)
+        if self.jigsaw_settings.mux.offload:
+            from jigsaw_verl.integration.residency import LeaseResidency
+
+            groups = [self.actor_rollout_wg, getattr(self, "critic_wg", None)]
+            leases.residency = LeaseResidency(groups)
+            # the pipeline starts with its training state off the devices; its first lease brings it
+            leases.residency.offload(UPDATE)
+        leases.end()
+
+    def on_validate_begin(self):
+        super().on_validate_begin()
         leases = self._leases()
         if leases is not None:
-            leases.report_placement(self.actor_rollout_wg.workers)
-            if self.jigsaw_settings.mux.offload:
-                from jigsaw_verl.integration.residency import LeaseResidency
+            # validation generates: under a lease of its own, with a weight sync of its own to wake the replicas
+            leases.begin(self.global_steps - 1, VALIDATE)
+            self._sync_replicas(leases, self.global_steps)
 
-                groups = [self.actor_rollout_wg, getattr(self, "critic_wg", None)]
-                leases.residency = LeaseResidency(groups)
-                # the pipeline starts with its training state off the devices; its first lease brings it
-                leases.residency.offload(UPDATE)
+    def on_validate_end(self):
+        leases = self._leases()
+        if leases is not None:
+            self.checkpoint_manager.sleep_replicas()
+            leases.end()
+        super().on_validate_end()
+
+    def _sync_replicas(self, leases, version: int) -> None:
+        """verl's weight sync (it wakes the replicas) with the actor's weights on the devices for it (the sync's
+        own lease brings them; any other lease brings them for the sync alone)."""
+        moving = leases.residency is not None and leases.current[1] != WEIGHT_SYNC
+        if moving:
+            leases.residency.onload(WEIGHT_SYNC)
+        self.checkpoint_manager.update_weights(version)
+        if moving:
+            leases.residency.offload(WEIGHT_SYNC)
 
     def fit(self, agent_loop_manager):
         try:
@@ -104,7 +141,13 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
         # drain the balancer's finish times every step (in a group only this step's rollout is reported; verl
         # submits the prompts after this hook)
         ray.get(self._migrator().lb.take_finish_times.remote())
-        self._stage(ROLLOUT)
+        leases = self._leases()
+        if leases is not None:
+            # the previous step's weight sync (step -1: the first one, outside the step graph) wakes the replicas;
+            # its lease hands over to this rollout at once, so they are awake inside leases only
+            leases.begin(self.global_steps - 2, WEIGHT_SYNC)
+            self._sync_replicas(leases, self.global_steps - 1)
+            leases.handover(self.global_steps - 1, ROLLOUT)
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         """Put the step's samples in a canonical order (by prompt tokens, then response tokens) before verl balances
@@ -168,7 +211,11 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
         }
         parked = [s for r in new if r.freed for s in r.sources]
         if parked:
-            asyncio.run(migrator.restore(parked))
+            # back into routing, still asleep: verl sleeps every replica now and its weight sync wakes them, so waking
+            # one here would only take its full memory on a slot that may already be granted to another pipeline
+            # (unless free_cache_engine=false: then verl never sleeps or wakes them and the migrator's sleep is undone)
+            wake = not self.config.actor_rollout_ref.rollout.get("free_cache_engine", True)
+            asyncio.run(migrator.restore(parked, wake=wake))
         super().on_sample_end()
         leases = self._leases()
         if leases is not None:
@@ -177,12 +224,12 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
         self._stage(LOGPROB)
 
     def on_step_end(self):
-        self._stage(WEIGHT_SYNC)
-        super().on_step_end()
         leases = self._leases()
         lease_metrics = {}
-        if leases is not None:
-            leases.end()
+        if leases is None:
+            super().on_step_end()  # verl's weight sync
+        else:
+            leases.end()  # the update; in a group the sync is the head of the next rollout (none after the last)
             lease_metrics = leases.take_metrics()
         pending = getattr(self, "_pending_sync_metrics", None) or {}
         self._pending_sync_metrics = {**pending, **getattr(self, "_jigsaw_step_metrics", {}), **lease_metrics}

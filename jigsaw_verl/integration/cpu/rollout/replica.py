@@ -10,6 +10,7 @@ import ray
 from verl.workers.rollout.replica import RolloutReplica
 
 from jigsaw_verl.integration.cpu.rollout.server import CPURolloutServer
+from jigsaw_verl.integration.cpu.slot_memory import one_holder, slot_memory_of_this_worker
 
 SERVER_PREFIX = "cpu_server"
 
@@ -21,14 +22,16 @@ def server_name(replica_rank: int, node_rank: int = 0) -> str:
 
 class CPURolloutReplica(RolloutReplica):
     """A rollout replica served by :class:`CPURolloutServer` (one node, ``tensor_model_parallel_size`` CPU
-    slots of the worker group; the server itself takes no Ray CPU so it fits beside the trainer)."""
+    slots of the worker group; the server itself takes no Ray CPU so it fits beside the trainer). In a group's
+    pool the server charges the device-memory ledger on its workers' slots."""
 
     async def launch_servers(self) -> None:
         if self.nnodes != 1:
             raise ValueError("the CPU rollout runs one node per replica")
-        node_id = None
+        node_id, memory = None, None
         if self.workers:
             node_id = await self.workers[0].__ray_call__.remote(lambda w: ray.get_runtime_context().get_node_id())
+            memory = one_holder([await w.__ray_call__.remote(_slot_memory) for w in self.workers])
         options = {"name": server_name(self.replica_rank), "max_concurrency": self.max_concurrency, "num_cpus": 0}
         if node_id is not None:
             options["scheduling_strategy"] = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
@@ -37,7 +40,7 @@ class CPURolloutReplica(RolloutReplica):
         server = (
             ray.remote(CPURolloutServer)
             .options(**options)
-            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank, memory=memory)
         )
         await server.telemetry.remote()  # raises here if the model cannot load
         self.servers = [server]
@@ -47,3 +50,8 @@ class CPURolloutReplica(RolloutReplica):
     async def sleep(self) -> None:
         await self.servers[0].wait_for_requests_to_drain.remote()
         await super().sleep()
+
+
+def _slot_memory(worker):
+    """Run in a worker (``__ray_call__``): its slot in the pool's ledger."""
+    return slot_memory_of_this_worker()

@@ -20,6 +20,7 @@ import torch
 from verl.workers.rollout.replica import TokenOutput
 
 from jigsaw_verl.integration.cpu.rollout.engine import CPUGenerationEngine, Sequence, request_seed
+from jigsaw_verl.integration.cpu.slot_memory import SlotMemory
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +32,10 @@ class CPURolloutServer:
         config: verl's ``RolloutConfig`` (prompt/response length, max_num_seqs, seed, full_determinism).
         model_config: verl's ``HFModelConfig`` (local model path).
         replica_rank: this replica's rank.
+        memory: where its device memory is charged (``None``: outside a pool with a ledger).
     """
 
-    def __init__(self, config: Any, model_config: Any, replica_rank: int):
+    def __init__(self, config: Any, model_config: Any, replica_rank: int, memory: SlotMemory | None = None):
         from transformers import AutoModelForCausalLM
 
         self.config = config
@@ -69,6 +71,26 @@ class CPURolloutServer:
         self.stats_tokens = 0
         self.stats_requests = 0
         self._t0 = time.monotonic()
+        self.memory = memory
+        self.holder = f"engine/r{replica_rank}"
+        self._resident = {"weights": True, "kv_cache": True}
+        if memory is not None:
+            weights = float(sum(p.numel() * p.element_size() for p in self.model.parameters()))
+            reserved = float(config.gpu_memory_utilization) * memory.capacity()
+            # vLLM sizes its KV pool to what the weights leave of gpu_memory_utilization x memory (at least none)
+            self._bytes = {"weights": weights, "kv_cache": max(0.0, reserved - weights)}
+            memory.charge(self.holder, weights + self._bytes["kv_cache"], startup=True)
+
+    async def _hold(self, **resident: bool) -> None:
+        """Charge the ledger what is resident after a change (``weights`` / ``kv_cache`` on or off)."""
+        self._resident.update(resident)
+        if self.memory is None:
+            return
+        held = sum(self._bytes[part] for part, on in self._resident.items() if on)
+        if held > 0:
+            await self.memory.charge_async(self.holder, held)
+        else:
+            await self.memory.release_async(self.holder)
 
     # ---- generation ------------------------------------------------------------------------------------------
     async def generate(
@@ -218,10 +240,14 @@ class CPURolloutServer:
                 self._host_copy = {n: p.data for n, p in params.items()} if level == 1 else None
                 for p in params.values():
                     p.data = torch.empty(0)
+            await self._hold(weights=False, kv_cache=False)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-allocate released weights (``weights`` tag): from the host copy after a level-1 sleep, else zeros
-        that the next weight update fills. The KV cache needs nothing on the CPU."""
+        that the next weight update fills. The KV cache (``kv_cache`` tag) needs nothing on the CPU but its
+        memory in the ledger."""
+        # charged before it allocates, as the device fails at the allocation
+        await self._hold(**{part: True for part in ("weights", "kv_cache") if tags is None or part in tags})
         if (tags is None or "weights" in tags) and self._shapes is not None:
             async with self._step_lock:
                 copy = self._host_copy or {}
@@ -233,10 +259,11 @@ class CPURolloutServer:
         return None
 
     async def release_kv_cache(self) -> None:
-        return None
+        """Free the KV pool, weights stay (verl's non-naive weight sync)."""
+        await self._hold(kv_cache=False)
 
     async def resume_kv_cache(self) -> None:
-        return None
+        await self._hold(kv_cache=True)
 
     async def start_profile(self, **kwargs: Any) -> None:
         return None
