@@ -1,7 +1,9 @@
-"""Two pipelines' workers in the group's shared pool on a Ray cluster that declares GPUs (``ray.init(num_gpus=2)``:
-Ray assigns logical GPU ids and sets ``CUDA_VISIBLE_DEVICES`` without a GPU): rank r of each pipeline lands in
-bundle r and sees the same accelerator, so its rollout engine and its training state share that GPU, as the leases
-and the memory rule assume.
+"""Two pipelines' workers in the group's shared pool, the second placed after the first's workers exist (the start-up
+leases run them one after the other). On a Ray cluster that declares GPUs (``ray.init(num_gpus=2)``: Ray assigns
+logical GPU ids and sets ``CUDA_VISIBLE_DEVICES`` without a GPU) rank r of each pipeline lands in bundle r and sees
+the same accelerator, so its rollout engine and its training state share that GPU, as the leases and the memory
+rule assume; on the CPU platform (``VERL_PLATFORM=cpu``, a slot is a CPU) the second pipeline's worker group is
+placed too (verl's one-CPU start-up task fits beside the first's workers).
 
 The workers are verl's own: ``RayWorkerGroup`` over :class:`~jigsaw_verl.integration.shared_pool.SharedPoolManager`'s
 pool, each a verl ``Worker`` (which reads ``CUDA_VISIBLE_DEVICES`` as it starts). verl's vLLM replica launches its
@@ -19,9 +21,9 @@ import sys
 POOL_SLOTS = 2
 
 
-def _probe_cluster() -> dict:
-    """In a fresh Ray cluster with 2 GPUs: place two pipelines' worker groups in one shared pool; per pipeline and
-    rank, what the worker sees."""
+def _probe_cluster(device: str) -> dict:
+    """In a fresh Ray cluster (``device`` ``cuda``: with 2 GPUs; ``cpu``: the CPU platform): place two pipelines'
+    worker groups in one shared pool, one after the other; per pipeline and rank, what the worker sees."""
     import ray
     from ray.util.placement_group import placement_group
     from verl.single_controller.base import Worker
@@ -37,15 +39,17 @@ def _probe_cluster() -> dict:
             context = ray.get_runtime_context()
             return {
                 "rank": self.rank,
-                "gpu_ids": [str(i) for i in context.get_accelerator_ids()["GPU"]],
+                "gpu_ids": [str(i) for i in context.get_accelerator_ids().get("GPU", [])],
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "placement_group": context.get_placement_group_id(),
             }
 
-    ray.init(num_cpus=16, num_gpus=POOL_SLOTS, include_dashboard=False, log_to_driver=False)
+    gpus = POOL_SLOTS if device == "cuda" else 0
+    ray.init(num_cpus=16, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
     try:
         colocate = VERL_COLOCATE * 2
-        pg = placement_group([pool_bundle("GPU", colocate)] * POOL_SLOTS, strategy="STRICT_PACK")
+        bundle = pool_bundle("GPU" if device == "cuda" else "CPU", colocate)
+        pg = placement_group([bundle] * POOL_SLOTS, strategy="STRICT_PACK")
         ray.get(pg.ready(), timeout=60)
         placement = PoolPlacement(pg, colocate, POOL_SLOTS, first_slot=0)
         seen = {}
@@ -55,7 +59,7 @@ def _probe_cluster() -> dict:
             group = RayWorkerGroup(
                 resource_pool=manager.resource_pool_dict["global_pool"],
                 ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(Probe)),
-                device_name="cuda",
+                device_name=device,
             )
             seen[pipeline] = group.where()
         return {"placement_group": pg.id.hex(), "seen": seen}
@@ -63,12 +67,24 @@ def _probe_cluster() -> dict:
         ray.shutdown()
 
 
-def test_rank_r_of_two_pipelines_gets_the_same_gpu_in_the_shared_pool():
-    # verl's own GPU platform: the CPU backend's is selected by VERL_PLATFORM
+def _probe(device: str) -> dict:
+    # verl's own GPU platform, or the CPU backend's (selected by VERL_PLATFORM)
     env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
-    r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
+    env.update({"VERL_PLATFORM": "cpu"} if device == "cpu" else {})
+    r = subprocess.run([sys.executable, __file__, device], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    found = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_pipelines_workers_are_placed_beside_the_firsts_on_the_cpu_platform():
+    found = _probe("cpu")
+    a, b = found["seen"]["a"], found["seen"]["b"]
+    assert [w["rank"] for w in a] == [w["rank"] for w in b] == [0, 1]
+    assert {w["placement_group"] for w in a + b} == {found["placement_group"]}
+
+
+def test_rank_r_of_two_pipelines_gets_the_same_gpu_in_the_shared_pool():
+    found = _probe("cuda")
     a, b = found["seen"]["a"], found["seen"]["b"]
     assert [w["rank"] for w in a] == [w["rank"] for w in b] == [0, 1]
     for wa, wb in zip(a, b, strict=True):
@@ -79,4 +95,4 @@ def test_rank_r_of_two_pipelines_gets_the_same_gpu_in_the_shared_pool():
 
 
 if __name__ == "__main__":
-    print(json.dumps(_probe_cluster()))
+    print(json.dumps(_probe_cluster(sys.argv[1])))

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from jigsaw_verl.pool.ledger import DeviceLedger, DeviceOutOfMemory, MiB, engines_awake_outside_leases, memory_track
+from jigsaw_verl.pool.ledger import (
+    DeviceLedger,
+    DeviceOutOfMemory,
+    MiB,
+    engines_awake_outside_leases,
+    ledger_summary,
+    memory_track,
+)
 
 
 def test_ledger_charges_fit_or_fail_naming_slot_pipeline_and_holder_and_nothing_changes_on_failure():
@@ -31,6 +38,11 @@ def test_ledger_charges_fit_or_fail_naming_slot_pipeline_and_holder_and_nothing_
     assert timeline["peak_bytes"] == [10 * MiB, 0.0] and timeline["capacity_bytes"] == 10 * MiB
     track = memory_track(timeline)
     assert len(track) == 7 and track[2]["args"]["MiB"] == 10 and track[0]["ph"] == "C"
+    summary = ledger_summary(timeline, leases=[])  # no lease at all: a's and b's engines were awake outside one
+    assert summary.startswith("device-memory ledger: peak per slot 10.000, 0.000 MiB of 10.000 MiB; rollout engines")
+    assert "slot 0: a/engine/r0 held memory" in summary and "slot 0: b/engine/r0 held memory" in summary
+    rollouts = [{"pipeline": p, "stage": "rollout", "gpus": [0], "start_s": 0.0, "end_s": 1e9} for p in "ab"]
+    assert ledger_summary(timeline, rollouts).endswith("awake outside their leases: none")
 
 
 def test_ledger_startup_check_fails_as_vllms_and_bad_input_is_refused():

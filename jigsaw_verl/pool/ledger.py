@@ -181,6 +181,17 @@ def engines_awake_outside_leases(timeline: dict, leases: list[dict], slack_s: fl
     return out
 
 
+def ledger_summary(timeline: dict, leases: list[dict]) -> str:
+    """One line on a run's ledger: each slot's peak against its capacity, and the engines awake outside their
+    leases (:func:`engines_awake_outside_leases`)."""
+    peaks = ", ".join(f"{p / MiB:.3f}" for p in timeline["peak_bytes"])
+    awake = engines_awake_outside_leases(timeline, leases)
+    return (
+        f"device-memory ledger: peak per slot {peaks} MiB of {timeline['capacity_bytes'] / MiB:.3f} MiB; rollout "
+        f"engines awake outside their leases: {'; '.join(awake) if awake else 'none'}"
+    )
+
+
 def _uncovered(start: float, stop: float, windows: list[tuple[float, float]]) -> float:
     """Seconds of ``[start, stop]`` no window covers."""
     covered, at = 0.0, start

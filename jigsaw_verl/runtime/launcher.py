@@ -122,7 +122,10 @@ def launch(
     (out_dir / "pool.json").write_text(json.dumps(placement, indent=1))
     (out_dir / "stage_times.json").write_text(json.dumps(history, indent=1))
     if memory is not None:
+        from jigsaw_verl.pool.ledger import ledger_summary
+
         (out_dir / "memory.json").write_text(json.dumps(memory, indent=1))
+        progress(f"mux: {ledger_summary(memory, trace)}")
     write_live_trace(trace, trace_path, pool_slots, memory)
     write_live_plot(trace, plot_path, pool_slots, title=f"group {group}: {len(runs)} pipelines, policy {policy}")
     progress(f"mux: done in {wall:.0f} s; trace {trace_path}, plot {plot_path}; exit codes {rcs}")

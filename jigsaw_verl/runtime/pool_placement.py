@@ -12,12 +12,20 @@ from dataclasses import dataclass
 VERL_COLOCATE = 3
 
 
+# what verl's worker-group start-up runs in bundle 0 of its pool besides the workers: a task that asks for one CPU
+# (``RayWorkerGroup._get_master_addr_port``, ``verl/single_controller/ray/base.py``)
+SETUP_TASK_CPUS = 1.0
+
+
 def pool_bundle(device_resource: str, max_colocate_count: int) -> dict[str, float]:
-    """One slot's bundle, as verl's ``RayResourcePool.get_placement_groups`` builds it (on the CPU platform the
-    device resource is ``CPU`` itself, so a slot is one CPU)."""
-    bundle = {"CPU": float(max_colocate_count)}
-    bundle[device_resource] = 1.0
-    return bundle
+    """One slot's bundle, as verl's ``RayResourcePool.get_placement_groups`` builds it: the device plus
+    ``max_colocate_count`` host CPUs. On the CPU platform the device resource is ``CPU`` itself and verl's bundle
+    is one CPU (the device), which the workers share (``1 / max_colocate_count`` each); here it also has room for
+    the start-up task of each pipeline's worker group, which could never be placed beside another pipeline's
+    workers in a one-CPU bundle."""
+    if device_resource == "CPU":
+        return {"CPU": 1.0 + SETUP_TASK_CPUS}
+    return {"CPU": float(max_colocate_count), device_resource: 1.0}
 
 
 @dataclass(frozen=True)
