@@ -201,6 +201,33 @@ def test_greedy_tokens_identical_with_a_migration_midway(ray_session, pool, prom
     assert sorted(restored) == ["r0", "r1"]
 
 
+def test_the_trainer_returns_a_migrated_from_replica_to_routing_still_asleep(ray_session, pool, prompts):
+    """At the end of a rollout verl sleeps its hybrid replicas and its next weight sync wakes them: trainer mode
+    ``jigsaw`` puts a replica its migration freed back into routing asleep, holding no device memory on a slot that
+    may be another pipeline's by then (the server's resident parts are what it charges a slot's ledger). With
+    ``free_cache_engine=false`` verl never sleeps or wakes its replicas, so that one is woken."""
+    from jigsaw_verl.integration.trainer.v1_jigsaw import JigsawPPOTrainerV1
+
+    async def migrate_one():
+        ro = _rollout(ray_session, _named(pool.servers(_tiny(), 2)))
+        task = asyncio.create_task(_generate_all(ro.client, prompts))
+        await ro.until_tokens(["r1"], 16)
+        report = await ro.migrator.migrate(["r1"])
+        await task
+        return ro, report
+
+    for free_cache_engine, awake in ((True, False), (False, True)):
+        ro, report = asyncio.run(migrate_one())
+        assert report.freed and report.sources == ("r1",)
+        trainer = object.__new__(JigsawPPOTrainerV1)  # the trainer's own method, on this rollout's migrator
+        trainer.config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"free_cache_engine": free_cache_engine}}})
+        trainer._jigsaw_migrator = ro.migrator
+        trainer._return_migrated_replicas([report])
+        resident = ray_session.get(ro.servers["r1"].__ray_call__.remote(lambda server: dict(server._resident)))
+        assert resident == {"weights": awake, "kv_cache": awake}, (free_cache_engine, resident)
+        assert sorted(ray_session.get(ro.lb.get_all_servers.remote())) == ["r0", "r1"]
+
+
 def test_migrating_everything_is_refused(ray_session, pool):
     async def go():
         migrator = _rollout(ray_session, _named(pool.servers(_tiny(), 2))).migrator

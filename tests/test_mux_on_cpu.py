@@ -65,8 +65,8 @@ def _overrides(name: str, out: Path) -> list[str]:
 def _mux_recipes(out: Path) -> list[str]:
     """a through the bundled recipe, b through the verl-style script with the CPU-size overrides."""
     a = [str(RECIPE), f"trainer.total_training_steps={STEPS}", *_overrides("a", out)]
-    # the script reserves 0.6 of each slot for its engine, as verl's examples do; two engines and the pinned
-    # reference models fit one slot at 0.4 each (the group's memory rule refuses 0.6 before Ray)
+    # the script reserves 0.6 of each slot for its engine, as verl's examples do; two engines fit one slot at 0.4
+    # each (the group's memory rule refuses 0.6 before Ray)
     b = [
         str(VERL_STYLE),
         *cpu_size_overrides(),
@@ -145,7 +145,11 @@ def test_multiplexed_pipeline_computes_what_it_computes_alone(runs, name):
         assert len(alone[step]) == 8 * 4
         assert mux[step] == alone[step], f"{name} step {step}: responses or rewards differ"
     a, m = _steps(runs["metrics"][("alone", name)]), _steps(runs["metrics"][("mux", name)])
-    assert sorted(a) == sorted(m) == list(range(1, STEPS + 1))
+    # a validation before training logs its metrics at step 0
+    assert sorted(a) == sorted(m) == [0] * (0 in VALIDATIONS[name]) + list(range(1, STEPS + 1))
+    for step in VALIDATIONS[name]:
+        assert any(k.startswith("val-") for k in m[step]) and any(k.startswith("val-") for k in a[step]), step
+    a.pop(0, None)
     for step in a:
         assert m[step]["critic/score/mean"] == a[step]["critic/score/mean"]
         assert m[step]["response_length/mean"] == a[step]["response_length/mean"]

@@ -107,8 +107,9 @@ def test_the_launcher_refuses_a_group_it_cannot_run_before_ray(tmp_path):
 
 def test_engines_that_cannot_share_a_slot_are_refused_before_ray(tmp_path):
     """verl's examples reserve 0.6 of a device for the rollout engine: two such pipelines on the same slots are
-    refused by the launcher in one line naming the key and the value that fits; one alone whose engine and pinned
-    reference model overfill a slot is refused by the entry point's own check."""
+    refused by the launcher in one line naming the key and the value that fits; one alone whose engine overfills a
+    slot, or whose engine and the training state it pins there (``jigsaw.mux.offload=false``) do, is refused by
+    the entry point's own check."""
     key = "actor_rollout_ref.rollout.gpu_memory_utilization"
     recipes = [f"{RECIPE} {key}=0.6", f"{RECIPE} {key}=0.6"]
     r = _cli("mux", *recipes, "--out", str(tmp_path / "mux"), "--pool-slots", "2")
@@ -119,11 +120,16 @@ def test_engines_that_cannot_share_a_slot_are_refused_before_ray(tmp_path):
     )
     assert f"{key}=0.45 for each would fit" in errors[0]
     assert "mux: started" not in r.stderr and not (tmp_path / "mux" / "pool.json").exists()  # nothing ran
-    alone = _cli("check", str(RECIPE), f"{key}=0.9")
+    alone = _cli("check", str(RECIPE), f"{key}=0.95")
     assert alone.returncode == 2 and _errors(alone) == [
-        f"jigsaw-verl: error: {RECIPE}: {key}: slot 0 holds 'tiny_grpo' 0.9 + 0.05 pinned of its memory, "
-        f"0.95 in all, but 0.90 is usable (0.10 kept for contexts and activations); {key}=0.85 for each would fit"
+        f"jigsaw-verl: error: {RECIPE}: {key}: slot 0 holds 'tiny_grpo' 0.95 of its memory, "
+        f"0.95 in all, but 0.90 is usable (0.10 kept for contexts and activations); {key}=0.9 for each would fit"
     ], alone.stderr[-3000:]
+    pinned = _cli("check", str(RECIPE), f"{key}=0.8", "jigsaw.mux.offload=false")
+    assert pinned.returncode == 2 and _errors(pinned) == [
+        f"jigsaw-verl: error: {RECIPE}: {key}: slot 0 holds 'tiny_grpo' 0.8 + 0.37 pinned of its memory, "
+        f"1.17 in all, but 0.90 is usable (0.10 kept for contexts and activations); {key}=0.52 for each would fit"
+    ], pinned.stderr[-3000:]
     fine = _cli("check", str(RECIPE))
     assert fine.returncode == 0 and f"two such pipelines share a slot at {key} <= 0.4" in fine.stdout
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,25 @@ def test_pre_ray_check_returns_the_settings():
         check_jigsaw_config(_run_config(enable=True, mux={"group": "g", "pool_slots": 1}))
     # a disabled group is not checked against verl's keys
     assert not check_jigsaw_config(_run_config(mux={"policy": "areal"})).enable
+
+
+def test_a_vllm_pipeline_in_a_group_turns_on_vllms_stat_logging():
+    """verl turns vLLM's stat logging off by default; the queue gauges the group's scheduler reads need it on."""
+    from jigsaw_verl.integration.main_ppo import prepare
+
+    saved = dict(os.environ)  # prepare() gives this process the run's environment variables too
+    try:
+        grouped = _run_config(enable=True, mux={"group": "g", "pool_slots": 2})
+        grouped.actor_rollout_ref.rollout.disable_log_stats = True
+        prepare(grouped)
+        alone = _run_config()
+        alone.actor_rollout_ref.rollout.disable_log_stats = True
+        prepare(alone)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert grouped.actor_rollout_ref.rollout.disable_log_stats is False
+    assert alone.actor_rollout_ref.rollout.disable_log_stats is True  # outside a group verl's setting stands
 
 
 def test_asynchronous_policies_are_refused_before_ray():

@@ -106,7 +106,9 @@ class StageLeases:
             raise RuntimeError(f"{self.pipeline} holds no lease to hand over to {stage} of step {step}")
         if self.residency is not None:
             self.residency.offload(self.current[1])
+        started = time.perf_counter()
         grant = ray.get(self.scheduler.handover.remote(self.pipeline, *self.current, step, stage))
+        self.wait_s[stage] = self.wait_s.get(stage, 0.0) + time.perf_counter() - started
         self.current = (step, stage)
         self.granted_at = time.time()
         if self.residency is not None:

@@ -146,6 +146,13 @@ def prepare(config: DictConfig) -> JigsawSettings:
         # (patches/transfer_queue_namespace.py)
         namespace = f"transfer_queue.{settings.mux.group}.{mux_pipeline_name(settings.mux, config)}"
         set_ray_env(config, "JIGSAW_VERL_TQ_NAMESPACE", namespace)
+        if config.actor_rollout_ref.rollout.get("name") == "vllm":
+            from omegaconf import open_dict
+
+            # vLLM updates the queue gauges the group's scheduler reads (rollout/server_metrics.py) only with its
+            # stat logging on, which verl turns off by default
+            with open_dict(config):
+                config.actor_rollout_ref.rollout.disable_log_stats = False
     if config.trainer.get("device") == "cpu":
         from jigsaw_verl.integration.cpu.backend import prepare_cpu_run
 

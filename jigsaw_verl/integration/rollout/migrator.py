@@ -30,6 +30,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+from jigsaw_verl.integration.rollout.server_metrics import read_vllm_metrics
+
 logger = logging.getLogger(__name__)
 
 
@@ -141,18 +143,19 @@ class RolloutMigrator:
     async def telemetry(self) -> dict[str, dict]:
         """Per replica: ``live_requests``, ``context_tokens`` and ``routable`` from the balancer (any backend), plus
         whatever the server's own ``telemetry()`` reports where it has one (the CPU server: waiting requests,
-        tokens generated, tokens/s)."""
+        tokens generated, tokens/s), else (verl's vLLM server) its queue and KV figures from the Prometheus metrics
+        at its address (:func:`~jigsaw_verl.integration.rollout.server_metrics.read_vllm_metrics`)."""
         routable = set(await self.lb.get_all_servers.remote())
         load = await self.lb.live_load.remote()
 
-        async def server_stats(handle) -> dict:
+        async def server_stats(address: str, handle) -> dict:
             try:
                 method = handle.telemetry
-            except AttributeError:  # a backend without telemetry (verl's vLLM/SGLang servers)
-                return {}
+            except AttributeError:  # verl's vLLM/SGLang servers: what vLLM's metrics say (nothing from SGLang's)
+                return await read_vllm_metrics(address)
             return await method.remote()
 
-        stats = await asyncio.gather(*[server_stats(h) for h in self.servers.values()])
+        stats = await asyncio.gather(*[server_stats(a, h) for a, h in self.servers.items()])
         return {
             sid: {
                 "waiting_requests": 0,

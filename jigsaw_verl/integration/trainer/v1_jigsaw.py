@@ -209,19 +209,23 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
             "jigsaw/reprefill_tokens": counters["context_tokens"] - self._jigsaw_counters_before["context_tokens"],
             "jigsaw/freed_replica_s": freed_replica_seconds(new, time.monotonic()),
         }
-        parked = [s for r in new if r.freed for s in r.sources]
-        if parked:
-            # back into routing, still asleep: verl sleeps every replica now and its weight sync wakes them, so waking
-            # one here would only take its full memory on a slot that may already be granted to another pipeline
-            # (unless free_cache_engine=false: then verl never sleeps or wakes them and the migrator's sleep is undone)
-            wake = not self.config.actor_rollout_ref.rollout.get("free_cache_engine", True)
-            asyncio.run(migrator.restore(parked, wake=wake))
+        self._return_migrated_replicas(new)
         super().on_sample_end()
         leases = self._leases()
         if leases is not None:
             # the rollout's live-batch curve (when each response finished) goes to the group's predictor
             leases.end(ray.get(migrator.lb.take_finish_times.remote()))
         self._stage(LOGPROB)
+
+    def _return_migrated_replicas(self, reports) -> None:
+        """Put the replicas this rollout's migrations freed (``reports``) back into routing, still asleep: verl
+        sleeps every replica now and its next weight sync wakes them, so waking one here would only take its full
+        memory on a slot that may already be granted to another pipeline. With ``free_cache_engine=false`` verl
+        never sleeps or wakes its replicas, so the migrator's sleep is undone here."""
+        parked = [s for r in reports if r.freed for s in r.sources]
+        if parked:
+            wake = not self.config.actor_rollout_ref.rollout.get("free_cache_engine", True)
+            asyncio.run(self._migrator().restore(parked, wake=wake))
 
     def on_step_end(self):
         leases = self._leases()
