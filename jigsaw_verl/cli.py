@@ -108,7 +108,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     recipes = [f"{recipe} actor_rollout_ref.rollout.seed=7", f"{recipe} actor_rollout_ref.rollout.seed=11"]
     _progress(
         f"demo 2/2: two tiny GRPO pipelines ({recipe.name}, sampling seeds 7 and 11) multiplexed on one pool of 2 "
-        f"CPU slots by the jigsaw scheduler, 3 steps each (433 s here, most of it start-up); "
+        f"CPU slots by the jigsaw scheduler, 3 steps each (239 s here, most of it the start-ups, one after the other); "
         f"outputs in {out / 'mux'}/"
     )
     result = launch(recipes, group="demo", pool_slots=2, policy="jigsaw", out=str(out / "mux"), progress=_progress)

@@ -123,6 +123,8 @@ def test_overrides_and_interpolations():
         ({"mux": {"max_pipelines": 0}}, "jigsaw.mux.max_pipelines=0: a group holds at least 1 pipeline"),
         ({"mux": {"offload": "yes"}}, "jigsaw.mux.offload must be true or false, got 'yes'"),
         ({"mux": {"gpu": 80}}, "jigsaw.mux.gpu must be a GPU type from the catalogue (e.g. H100-80G) or null"),
+        ({"mux": {"slot_memory_mib": 0}}, "jigsaw.mux.slot_memory_mib must be a positive number of MiB or null"),
+        ({"mux": {"slot_memory_mib": -5}}, "jigsaw.mux.slot_memory_mib must be a positive number of MiB or null"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_naming_the_key(group, message):
@@ -138,6 +140,15 @@ def test_pre_ray_check_returns_the_settings():
         check_jigsaw_config(_run_config(enable=True, mux={"group": "g", "pool_slots": 1}))
     # a disabled group is not checked against verl's keys
     assert not check_jigsaw_config(_run_config(mux={"policy": "areal"})).enable
+
+
+def test_a_pipeline_whose_engines_never_sleep_cannot_join_a_group():
+    config = _run_config(enable=True, mux={"group": "g", "pool_slots": 2})
+    config.actor_rollout_ref.rollout.free_cache_engine = False
+    with pytest.raises(JigsawConfigError, match=r"^actor_rollout_ref.rollout.free_cache_engine=false: a multiplexed"):
+        check_jigsaw_config(config)
+    config.actor_rollout_ref.rollout.free_cache_engine = True
+    assert check_jigsaw_config(config).enable
 
 
 def test_a_vllm_pipeline_in_a_group_turns_on_vllms_stat_logging():

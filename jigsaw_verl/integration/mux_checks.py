@@ -113,6 +113,16 @@ def _engine(mux: MuxSettings, config: DictConfig) -> None:
         )
 
 
+def _engine_sleeps(mux: MuxSettings, config: DictConfig) -> None:
+    # verl sleeps the replicas after each rollout only with free_cache_engine on; awake they would hold their whole
+    # reservation on slots the group's scheduler hands to other pipelines between this pipeline's rollouts
+    if not config.actor_rollout_ref.rollout.get("free_cache_engine", True):
+        raise JigsawConfigError(
+            "actor_rollout_ref.rollout.free_cache_engine=false: a multiplexed pipeline's rollout engines must sleep "
+            "between its rollouts (their memory is other pipelines' then); set it true (verl's default)"
+        )
+
+
 def _engine_memory(mux: MuxSettings, config: DictConfig) -> None:
     # the pipeline alone on a slot: its engine's reservation beside what it pins (the group's rule is applied over
     # every pipeline by the launcher and, at join, by the group's executor)
@@ -137,6 +147,7 @@ MUX_CHECKS: tuple[Callable[[MuxSettings, DictConfig], None], ...] = (
     _reward_model,
     _trainer_mode,
     _engine,
+    _engine_sleeps,
     _engine_memory,
 )
 
