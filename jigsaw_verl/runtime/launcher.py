@@ -26,6 +26,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ from jigsaw_verl.runtime.recipe_entry import (
     write_shims,
 )
 
+# longest the launcher waits for one status answer of the group's scheduler before it looks at Ctrl-C again
+STATUS_TIMEOUT_S = 2.0
 # logical CPUs per CPU pipeline (the CPU backend gives a lone run 16)
 CPUS_PER_PIPELINE = 16
 
@@ -106,11 +109,11 @@ def launch(
     appended = [[*group_args, f"jigsaw.mux.pipeline={n}", f"trainer.experiment_name={n}"] for n in names]
     plan = _GroupPlan(names, parsed, appended, group, pool_slots, slot, policy, device, out_dir)
     started = time.perf_counter()
-    with _stop_on_sigterm():
+    with _stop_on_signals() as stop:
         # the slot memory the group plans with (its first pipeline's: the one that would create the group)
         memory = _check_group(plan, progress) or slot.memory_bytes
         plan = dataclasses.replace(plan, slot=dataclasses.replace(slot, memory_bytes=memory))
-        runs, artefacts, interrupted = _run_group(plan, progress)
+        runs, artefacts, interrupted = _run_group(plan, progress, stop)
     wall = time.perf_counter() - started
     rcs = {r.name: r.rc for r in runs}
     if interrupted:
@@ -172,9 +175,9 @@ def _check_group(plan: _GroupPlan, progress) -> float:
     return checks[0].slot_memory_bytes
 
 
-def _run_group(plan: _GroupPlan, progress) -> tuple[list[_Run], tuple | None, bool]:
-    """Start Ray, the group's scheduler and every pipeline; wait for them. Returns ``(runs, (trace, placement,
-    history, memory) or None, interrupted)``."""
+def _run_group(plan: _GroupPlan, progress, stop: threading.Event) -> tuple[list[_Run], tuple | None, bool]:
+    """Start Ray, the group's scheduler and every pipeline; wait for them (until ``stop``: Ctrl-C or SIGTERM).
+    Returns ``(runs, (trace, placement, history, memory) or None, interrupted)``."""
     import ray
 
     from jigsaw_verl.runtime.scheduler import NAMESPACE, actor_name, get_scheduler
@@ -189,7 +192,7 @@ def _run_group(plan: _GroupPlan, progress) -> tuple[list[_Run], tuple | None, bo
         shims = write_shims(plan.out_dir / "bin")
         for name, recipe, extra in zip(plan.names, plan.recipes, plan.appended, strict=True):
             runs.append(_start_pipeline(name, recipe, extra, shims, address, plan.out_dir, progress))
-        _watch(runs, scheduler, progress)
+        _watch(runs, scheduler, progress, stop)
         methods = ("trace", "placement", "history", "memory")
         artefacts = tuple(ray.get(getattr(scheduler, m).remote()) for m in methods)
     except KeyboardInterrupt:
@@ -209,17 +212,21 @@ def _run_group(plan: _GroupPlan, progress) -> tuple[list[_Run], tuple | None, bo
 
 
 @contextlib.contextmanager
-def _stop_on_sigterm():
-    """SIGTERM stops the group as Ctrl-C does (both raise KeyboardInterrupt in the launcher)."""
+def _stop_on_signals():
+    """Ctrl-C (SIGINT) and SIGTERM stop the group: each raises KeyboardInterrupt in the launcher and is remembered in
+    the event this yields, so the watch loop stops at its next turn even where the exception was lost in a call."""
+    stop = threading.Event()
 
     def interrupt(signum, frame):
+        stop.set()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _parse_recipes(recipes: list[str]) -> list[list[str]]:
@@ -270,14 +277,20 @@ def _start_pipeline(
     return _Run(name, proc, handle)
 
 
-def _watch(runs: list[_Run], scheduler, progress) -> None:
-    """Until every pipeline has exited: poll them and the scheduler, print a line per pipeline when it changes."""
+def _watch(runs: list[_Run], scheduler, progress, stop: threading.Event) -> None:
+    """Until every pipeline has exited: poll them and the scheduler, print a line per pipeline when it changes.
+    Raises KeyboardInterrupt once ``stop`` is set."""
     import ray
 
     shown: dict[str, str] = {}
     while any(r.rc is None for r in runs):
+        if stop.is_set():
+            raise KeyboardInterrupt
         time.sleep(1.0)
-        status = ray.get(scheduler.status.remote())
+        try:  # bounded, so the loop comes back to ``stop`` however busy the scheduler is
+            status = ray.get(scheduler.status.remote(), timeout=STATUS_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            continue
         for r in runs:
             if r.rc is None:
                 r.rc = r.proc.poll()
