@@ -89,14 +89,7 @@ class StageLeases:
         if stage not in STAGES + OUTSIDE_STAGES:
             raise ValueError(f"unknown stage {stage!r}")
         self.end()
-        started = time.perf_counter()
-        grant = ray.get(self.scheduler.acquire.remote(self.pipeline, step, stage))
-        self.wait_s[stage] = self.wait_s.get(stage, 0.0) + time.perf_counter() - started
-        self.current = (step, stage)
-        self.granted_at = time.time()
-        if self.residency is not None:
-            self.residency.onload(stage)
-        return grant
+        return self._hold(step, stage, lambda: self.scheduler.acquire.remote(self.pipeline, step, stage))
 
     def handover(self, step: int, stage: str) -> dict:
         """End the held stage and start ``stage`` of ``step`` on its slots at once, without waiting for the policy:
@@ -106,8 +99,14 @@ class StageLeases:
             raise RuntimeError(f"{self.pipeline} holds no lease to hand over to {stage} of step {step}")
         if self.residency is not None:
             self.residency.offload(self.current[1])
+        held = self.current
+        return self._hold(step, stage, lambda: self.scheduler.handover.remote(self.pipeline, *held, step, stage))
+
+    def _hold(self, step: int, stage: str, ask) -> dict:
+        """Wait for the grant ``ask()`` returns (counting the wait), then hold ``stage`` of ``step`` and bring on the
+        state it computes with."""
         started = time.perf_counter()
-        grant = ray.get(self.scheduler.handover.remote(self.pipeline, *self.current, step, stage))
+        grant = ray.get(ask())
         self.wait_s[stage] = self.wait_s.get(stage, 0.0) + time.perf_counter() - started
         self.current = (step, stage)
         self.granted_at = time.time()
