@@ -46,7 +46,7 @@ from dataclasses import replace
 from jigsaw_verl.model.catalogue import GPUSpec
 from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.footprint import stage_resident_bytes
-from jigsaw_verl.model.graph import ENGINE_STAGES, OUTSIDE_STAGES, ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
+from jigsaw_verl.model.graph import OUTSIDE_STAGES, ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
 from jigsaw_verl.model.spec import ClusterSpec, PipelineSpec, WorkloadSpec
 from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, Snapshot, features_of
 from jigsaw_verl.pool.holds import Hold, Refusal, Segment, SlotHolds
@@ -63,7 +63,14 @@ from jigsaw_verl.runtime.leases import (
     ReplicaReport,
     lease_slices,
 )
-from jigsaw_verl.runtime.live_view import REPLICA_ID_STRIDE, LivePipe, replica_slots, replica_views, slot_free_bytes
+from jigsaw_verl.runtime.live_view import (
+    REPLICA_ID_STRIDE,
+    LivePipe,
+    engine_reservation_bytes,
+    replica_slots,
+    replica_views,
+    slot_free_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -405,8 +412,9 @@ class LiveExecutor:
         need = stage_resident_bytes(ps.spec, stage, len(ps.home))
         if stage != ROLLOUT and not ps.offload:
             need = 0.0  # its training state is resident there already
-        if ps.engine is not None and stage in ENGINE_STAGES:  # its engines' whole reservation, as free_bytes counts
-            need = (need if stage != ROLLOUT else 0.0) + ps.engine.fraction * self.gpu.memory_bytes
+        reserved = engine_reservation_bytes(ps, stage, self.gpu)  # as free_bytes counts it
+        if reserved:
+            need = (need if stage != ROLLOUT else 0.0) + reserved
         free = self.free_bytes()
         return all(free[g] >= need for g in ps.home)
 

@@ -70,6 +70,12 @@ def slot_free_bytes(pipes: Iterable[LivePipe], gpu: GPUSpec, num_slots: int) -> 
     return tuple(usable_bytes(gpu) - used[g] for g in range(num_slots))
 
 
+def engine_reservation_bytes(ps: LivePipe, stage: str, gpu: GPUSpec) -> float:
+    """Bytes per slot ``ps``'s rollout engines hold during a lease of ``stage``: their whole reservation in a lease
+    they are awake in (``ENGINE_STAGES``), where the pipeline said what its engine reserves (``ps.engine``); else 0."""
+    return ps.engine.fraction * gpu.memory_bytes if ps.engine is not None and stage in ENGINE_STAGES else 0.0
+
+
 def _held_bytes(ps: LivePipe, gpu: GPUSpec) -> dict[int, float]:
     """Slot -> bytes pipeline ``ps`` holds there. A lease its engines are awake in (``ENGINE_STAGES``: rollout,
     weight sync, start-up, validation): their reservation where the pipeline said what its engine reserves
@@ -87,8 +93,9 @@ def _held_bytes(ps: LivePipe, gpu: GPUSpec) -> dict[int, float]:
     for (step, stage), hold in ps.holds.items():
         if stage != ROLLOUT:
             train |= set(hold.slots) if ps.offload else set()
-        if ps.engine is not None and stage in ENGINE_STAGES:
-            add(hold.slots, ps.engine.fraction * gpu.memory_bytes)
+        reserved = engine_reservation_bytes(ps, stage, gpu)
+        if reserved:
+            add(hold.slots, reserved)
         elif stage == ROLLOUT:
             add(hold.slots, rollout_weight_bytes(ps.spec.model) / tp)
             for rank, slots in replica_slots(ps, ps.running[(step, stage)]).items():
