@@ -1,186 +1,49 @@
-"""Rollout migration on real CPU rollout servers in Ray, through verl's own load balancer and resuming client.
+"""Rollout migration on real CPU rollout servers in Ray, through verl's own load balancer, resuming client and replica
+objects (``CPURolloutReplica``, with vLLM's replica surface, and a double of verl's SGLang replica and server).
 
-The servers are started once per model for the whole module (a start loads torch, transformers and the model: about
-ten CPU-seconds each) and brought back to a clean state at every use the way verl brings its replicas back between
-steps: woken, sent the model's weights, resumed. Each use gets its own load balancer, client and migrator, and counts
-tokens from the servers' counters at that moment."""
+The servers are started once for the whole module (``rollout_pool``: a start loads torch, transformers and the model,
+about ten CPU-seconds each) and brought back to a clean state at every use; each use gets its own load balancer,
+client and migrator."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
+from rollout_pool import (
+    GREEDY,
+    LONGEST,
+    RESPONSE,
+    ServerPool,
+    generate_all,
+    named,
+    rollout_over,
+    tiny_model,
+    tokenized_prompts,
+)
 
 from jigsaw_verl.integration.cpu.assets import build_tiny_assets
-
-RESPONSE = 24
-PROMPT = 64
-LONGEST = 480  # the longest response a test asks for (with max_tokens); the servers' context has room for it
 
 
 @pytest.fixture(scope="module")
 def prompts():
-    import pandas as pd
-    from transformers import AutoTokenizer
-
-    assets = build_tiny_assets()
-    tok = AutoTokenizer.from_pretrained(assets.model)
-    rows = pd.read_parquet(assets.train_file)["prompt"].tolist()[:32]
-    return [
-        tok(tok.apply_chat_template(list(r), add_generation_prompt=True, tokenize=False), add_special_tokens=False)[
-            "input_ids"
-        ]
-        for r in rows
-    ]
-
-
-def _recording_client_cls():
-    from jigsaw_verl.integration.rollout.client import MigratingLLMServerClient
-
-    class RecordingClient(MigratingLLMServerClient):
-        """The real migrating client; records which server each attempt of each request id was routed to."""
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.attempts: list[tuple[str, str]] = []
-
-        async def _acquire_server(self, request_id, **extra):
-            server_id, handle = await super()._acquire_server(request_id, **extra)
-            self.attempts.append((request_id, server_id))
-            return server_id, handle
-
-    return RecordingClient
-
-
-class ServerPool:
-    """CPU rollout servers started once per model folder and handed out, clean, to each rollout of the module.
-
-    A server's default response is ``RESPONSE`` tokens (what verl's agent loop gets, as it sends no ``max_tokens``);
-    its context has room for ``LONGEST`` so a test can ask for longer responses with ``max_tokens``."""
-
-    def __init__(self, ray):
-        self.ray = ray
-        self.started: dict[str, list] = {}
-        self.weights: dict[str, object] = {}
-
-    def start(self, model: str, rank: int):
-        from jigsaw_verl.integration.cpu.rollout.server import CPURolloutServer
-
-        cfg = SimpleNamespace(max_num_seqs=64, prompt_length=PROMPT, response_length=RESPONSE,
-                              max_model_len=PROMPT + LONGEST, seed=0, full_determinism=False)  # fmt: skip
-        return (
-            self.ray.remote(CPURolloutServer)
-            .options(max_concurrency=1000, num_cpus=0)
-            .remote(config=cfg, model_config=SimpleNamespace(local_path=model), replica_rank=rank)
-        )
-
-    def servers(self, model: str, n: int) -> list:
-        """``n`` servers of ``model``, awake, holding the model's own weights and accepting requests."""
-        from transformers import AutoModelForCausalLM
-
-        have = self.started.setdefault(model, [])
-        have += [self.start(model, rank) for rank in range(len(have), n)]
-        if model not in self.weights:
-            state = AutoModelForCausalLM.from_pretrained(model).state_dict()
-            self.weights[model] = self.ray.put({k: v.clone() for k, v in state.items()})
-        for h in have[:n]:  # verl's order between steps: wake, load the trainer's weights, take requests again
-            self.ray.get(h.wake_up.remote())
-            self.ray.get(h.update_weights.remote(self.weights[model]))
-            self.ray.get(h.resume_generation.remote())
-        return have[:n]
+    return tokenized_prompts()
 
 
 @pytest.fixture(scope="module")
 def pool(ray_session):
-    pool = ServerPool(ray_session)
-    yield pool
-    for handles in pool.started.values():
-        for h in handles:
-            ray_session.kill(h)
-
-
-@dataclass
-class Rollout:
-    """One rollout over pooled servers: its own client and migrator, its own balancer unless :meth:`again` made it;
-    token and request counts start at zero."""
-
-    ray: object
-    servers: dict
-    config: object
-    lb: object
-    client: object
-    migrator: object
-    tokens_at_start: dict
-    requests_at_start: int
-
-    async def tokens(self, names) -> int:
-        """Tokens the servers ``names`` generated in this rollout."""
-        stats = await asyncio.gather(*[self.servers[s].telemetry.remote() for s in names])
-        return sum(t["tokens_generated"] - self.tokens_at_start[s] for s, t in zip(names, stats))
-
-    async def until_tokens(self, names, n: int) -> None:
-        """Wait until the servers ``names`` have generated ``n`` tokens between them in this rollout."""
-        while await self.tokens(names) < n:
-            await asyncio.sleep(0.005)
-
-    def again(self) -> Rollout:
-        """A second rollout on the same servers and balancer: a new client and migrator, counts from now."""
-        return _rollout(self.ray, self.servers, self.config, lb=self.lb)
-
-    async def requests(self) -> int:
-        """Requests the servers were sent in this rollout (a resumed request counts again)."""
-        stats = await asyncio.gather(*[h.telemetry.remote() for h in self.servers.values()])
-        return sum(t["requests"] for t in stats) - self.requests_at_start
-
-
-def _rollout(ray, servers: dict, config=None, lb=None) -> Rollout:
-    from jigsaw_verl.integration.rollout.load_balancer import MigratingLoadBalancer
-    from jigsaw_verl.integration.rollout.migrator import RolloutMigrator
-
-    # every server has loaded its model before any request is sent, as verl's replicas are up before a rollout;
-    # otherwise one slow start-up holds the tests' telemetry polls while the other servers finish their work
-    stats = ray.get([h.telemetry.remote() for h in servers.values()])
-    lb = lb or ray.remote(MigratingLoadBalancer).remote(servers=servers)
-    config = config or OmegaConf.create(
-        {"actor_rollout_ref": {"rollout": {"name": "cpu", "full_determinism": False, "response_length": RESPONSE}}}
-    )
-    client = _recording_client_cls()(config=config, load_balancer_handle=lb)
-    return Rollout(
-        ray=ray, servers=servers, config=config, lb=lb, client=client, migrator=RolloutMigrator(lb, servers),
-        tokens_at_start={s: t["tokens_generated"] for s, t in zip(servers, stats)},
-        requests_at_start=sum(t["requests"] for t in stats),
-    )  # fmt: skip
-
-
-def _named(handles: list) -> dict:
-    return {f"r{i}": h for i, h in enumerate(handles)}
-
-
-GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "ignore_eos": True}
-
-
-async def _generate_all(client, prompts, **params):
-    return await asyncio.gather(
-        *[
-            client.generate(f"req-{i}", prompt_ids=p, sampling_params={**GREEDY, **params})
-            for i, p in enumerate(prompts)
-        ]
-    )
-
-
-def _tiny() -> str:
-    return str(build_tiny_assets().model)
+    servers = ServerPool(ray_session)
+    yield servers
+    servers.stop()
 
 
 def test_greedy_tokens_identical_with_a_migration_midway(ray_session, pool, prompts):
     async def go():
-        first = _rollout(ray_session, _named(pool.servers(_tiny(), 2)))
-        plain = await _generate_all(first.client, prompts)
+        first = rollout_over(ray_session, named(pool.servers(tiny_model(), 2)))
+        plain = await generate_all(first.client, prompts)
         ro = first.again()
-        task = asyncio.create_task(_generate_all(ro.client, prompts))
+        task = asyncio.create_task(generate_all(ro.client, prompts))
         await ro.until_tokens(["r1"], 2 * 16)
         report = await ro.migrator.migrate(["r1"])
         moved = await task
@@ -209,8 +72,8 @@ def test_the_trainer_returns_a_migrated_from_replica_to_routing_still_asleep(ray
     from jigsaw_verl.integration.trainer.v1_jigsaw import JigsawPPOTrainerV1
 
     async def migrate_one():
-        ro = _rollout(ray_session, _named(pool.servers(_tiny(), 2)))
-        task = asyncio.create_task(_generate_all(ro.client, prompts))
+        ro = rollout_over(ray_session, named(pool.servers(tiny_model(), 2)))
+        task = asyncio.create_task(generate_all(ro.client, prompts))
         await ro.until_tokens(["r1"], 16)
         report = await ro.migrator.migrate(["r1"])
         await task
@@ -228,9 +91,111 @@ def test_the_trainer_returns_a_migrated_from_replica_to_routing_still_asleep(ray
         assert sorted(ray_session.get(ro.lb.get_all_servers.remote())) == ["r0", "r1"]
 
 
+def _signatures(path, class_name: str) -> dict[str, str]:
+    """Each method of class ``class_name`` in the Python file ``path``: ``async``-ness, decorators, parameter names,
+    kinds and defaults (annotations aside, as the doubles do not import SGLang's types)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    out = {}
+    for fn in cls.body:
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = fn.args
+            for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+                if a is not None:
+                    a.annotation = None
+            fn.returns = None
+            decorators = [ast.unparse(d) for d in fn.decorator_list]
+            out[fn.name] = f"{type(fn).__name__} {decorators} ({ast.unparse(args)})"
+    return out
+
+
+def test_the_sglang_doubles_have_verls_signatures():
+    """``SGLangHttpServerDouble`` has exactly the public methods of the installed verl's ``SGLangHttpServer`` (its
+    constructor aside: it takes the CPU server it forwards to), ``SGLangReplicaDouble`` exactly what verl's
+    ``SGLangReplica`` defines over ``RolloutReplica``, each with the same parameters and defaults."""
+    from pathlib import Path
+
+    import sglang_double
+    import verl.workers.rollout as rollout
+
+    verl_file = Path(rollout.__file__).parent / "sglang_rollout" / "async_sglang_server.py"
+    double_file = Path(sglang_double.__file__)
+    verl_server = {k: v for k, v in _signatures(verl_file, "SGLangHttpServer").items() if not k.startswith("_")}
+    double_server = {k: v for k, v in _signatures(double_file, "SGLangHttpServerDouble").items() if k != "__init__"}
+    assert double_server == verl_server
+    assert "abort_request" not in verl_server and "abort_all_requests" in verl_server  # what the migrator meets
+    assert _signatures(double_file, "SGLangReplicaDouble") == _signatures(verl_file, "SGLangReplica")
+
+
+def test_sglang_replicas_migrate_everything_through_verls_replica_objects(ray_session, pool, prompts):
+    """Against doubles of verl's SGLang server and replica (``sglang_double``; the tokens come from real CPU
+    servers behind them): a full migration goes through the replica objects (``abort_all_requests`` with
+    ``reject_request``, which SGLang's replica accepts and its server would not), the moved requests resume on the
+    other replica with the same greedy text, and the source sleeps; moving some of a replica's requests is refused
+    before anything moves (SGLang has no per-request abort); restoring does not raise though SGLang's hybrid server
+    refuses ``wake_up``: the replica routes again and wakes at its next weight sync."""
+    import sglang_double
+    from replica_attach import attach_replica
+    from sglang_double import SGLangHttpServerDouble, SGLangReplicaDouble
+
+    from jigsaw_verl.integration.rollout.migrator import PartialMigrationUnsupported
+
+    ray = ray_session
+    ray.cloudpickle.register_pickle_by_value(sglang_double)  # Ray's workers cannot import the tests' modules
+    counting = named(pool.servers(tiny_model(), 2))
+    doubles = {
+        a: ray.remote(SGLangHttpServerDouble).options(max_concurrency=1000, num_cpus=0).remote(h)
+        for a, h in counting.items()
+    }
+    replicas = {a: attach_replica(SGLangReplicaDouble, i, d, a, "sglang") for i, (a, d) in enumerate(doubles.items())}
+    config = OmegaConf.create(
+        {"actor_rollout_ref": {"rollout": {"name": "sglang", "full_determinism": False, "response_length": RESPONSE}}}
+    )
+
+    def resident(address: str) -> dict:
+        return ray.get(counting[address].__ray_call__.remote(lambda server: dict(server._resident)))
+
+    async def go():
+        first = rollout_over(ray, doubles, config, replicas=replicas, counting=counting)
+        plain = await generate_all(first.client, prompts)
+        ro = first.again()
+        task = asyncio.create_task(generate_all(ro.client, prompts))
+        await ro.until_tokens(["r1"], 2 * 16)
+        some = (await ro.lb.live_requests.remote())["r1"][:1]
+        assert some, "r1 holds live requests"
+        with pytest.raises(PartialMigrationUnsupported, match="SGLangReplicaDouble has no abort_request"):
+            await ro.migrator.migrate(["r1"], requests=some)
+        routable_after_refusal = await ro.lb.get_all_servers.remote()
+        report = await ro.migrator.migrate(["r1"])
+        moved = await task
+        asleep = resident("r1")
+        await ro.migrator.restore(["r1"])
+        return plain, moved, report, routable_after_refusal, asleep, ro
+
+    plain, moved, report, routable_after_refusal, asleep, ro = asyncio.run(go())
+    try:
+        assert sorted(routable_after_refusal) == ["r0", "r1"]  # the refusal changed no routing
+        assert report.freed and report.sources == ("r1",) and report.targets == ("r0",)
+        resumed = {r for r, s in ro.client.attempts if s == "r0"} & {r for r, s in ro.client.attempts if s == "r1"}
+        # SGLang's abort answers no count: the migrator counts what the balancer moved, and each of those resumed
+        assert report.migrated_requests == len(resumed) > 0
+        assert ray.get(ro.lb.migration_counters.remote())["requests"] == report.migrated_requests
+        for a, b in zip(plain, moved, strict=True):
+            assert len(b.token_ids) == RESPONSE and b.stop_reason == "length"
+            assert a.token_ids == b.token_ids and b.log_probs == pytest.approx(a.log_probs, abs=1e-4)
+        assert asleep == {"weights": False, "kv_cache": False}  # the source slept once drained
+        assert resident("r1") == asleep  # restore did not wake it (SGLang's hybrid server wakes in update_weights)
+        assert sorted(ray.get(ro.lb.get_all_servers.remote())) == ["r0", "r1"]
+    finally:
+        for d in doubles.values():
+            ray.kill(d)
+
+
 def test_migrating_everything_is_refused(ray_session, pool):
     async def go():
-        migrator = _rollout(ray_session, _named(pool.servers(_tiny(), 2))).migrator
+        migrator = rollout_over(ray_session, named(pool.servers(tiny_model(), 2))).migrator
         with pytest.raises(Exception, match="cannot park every server"):
             await migrator.migrate(["r0", "r1"])
         with pytest.raises(KeyError, match="unknown replicas"):
@@ -247,7 +212,7 @@ def test_many_requests_migrate_none_lost_none_run_twice(ray_session, pool, promp
     finished request is run again: the servers saw exactly one call per request plus one per migrated request."""
 
     async def go():
-        ro = _rollout(ray_session, _named(pool.servers(_tiny(), 3)))
+        ro = rollout_over(ray_session, named(pool.servers(tiny_model(), 3)))
         many = prompts * 2
         # half stop at their end token (some during the migration), half run to the full length (in flight)
         params = [dict(SAMPLE, ignore_eos=i % 2 == 0) for i in range(len(many))]
@@ -276,11 +241,11 @@ def test_killed_replica_requests_resume_elsewhere(ray_session, pool, prompts):
     pool's.)"""
 
     async def go():
-        r0, r1 = pool.servers(_tiny(), 2)
-        plain = await _generate_all(_rollout(ray_session, {"r0": r0, "r1": r1}).client, prompts[:12])
-        victim = pool.start(_tiny(), rank=1)
-        ro = _rollout(ray_session, {"r0": r0, "r1": victim})
-        task = asyncio.create_task(_generate_all(ro.client, prompts[:12]))
+        r0, r1 = pool.servers(tiny_model(), 2)
+        plain = await generate_all(rollout_over(ray_session, {"r0": r0, "r1": r1}).client, prompts[:12])
+        victim = pool.start(tiny_model(), rank=1)
+        ro = rollout_over(ray_session, {"r0": r0, "r1": victim})
+        task = asyncio.create_task(generate_all(ro.client, prompts[:12]))
         await ro.until_tokens(["r1"], 6)
         ray_session.kill(victim)
         outs = await task
@@ -302,11 +267,11 @@ def test_chosen_requests_move_to_chosen_targets(ray_session, pool, prompts):
     length = {"max_tokens": 4 * RESPONSE}
 
     async def go():
-        first = _rollout(ray_session, _named(pool.servers(_tiny(), 3)))
-        plain = await _generate_all(first.client, prompts, **length)
+        first = rollout_over(ray_session, named(pool.servers(tiny_model(), 3)))
+        plain = await generate_all(first.client, prompts, **length)
         ro = first.again()
         lb, migrator = ro.lb, ro.migrator
-        task = asyncio.create_task(_generate_all(ro.client, prompts, **length))
+        task = asyncio.create_task(generate_all(ro.client, prompts, **length))
         await ro.until_tokens(["r2"], 2 * 8)
         live = await lb.live_requests.remote()
         chosen = live["r2"][: len(live["r2"]) // 2]
@@ -390,7 +355,7 @@ def test_agent_loop_batch_unchanged_by_a_migration(ray_session, pool, prompts, t
         )
 
     async def go():
-        first = _rollout(ray_session, _named(pool.servers(str(tmp_path), 2)), config=config)
+        first = rollout_over(ray_session, named(pool.servers(str(tmp_path), 2)), config=config)
         plain = await AgentLoopWorker(config, llm_client=first.client).generate_sequences(batch())
         ro = first.again()
         task = asyncio.create_task(AgentLoopWorker(config, llm_client=ro.client).generate_sequences(batch()))
@@ -454,7 +419,7 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
             granted.extend(ex.migrated("a", 0, tuple(sources), 2.0))
 
     async def go():
-        ro = _rollout(ray_session, _named(pool.servers(_tiny(), 2)))
+        ro = rollout_over(ray_session, named(pool.servers(tiny_model(), 2)))
         lb, client, migrator = ro.lb, ro.client, ro.migrator
         # two long requests, one on each replica (the second sent once the first is live: least in-flight routing
         # sends it to the other), then fourteen short ones: a tail of one request per replica, long enough for the

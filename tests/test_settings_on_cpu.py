@@ -151,6 +151,19 @@ def test_a_pipeline_whose_engines_never_sleep_cannot_join_a_group():
     assert check_jigsaw_config(config).enable
 
 
+def test_migration_runs_on_either_backend_in_trainer_mode_jigsaw():
+    """Migration drives verl's replica objects, which vLLM's and SGLang's both have (SGLang's take whole
+    migrations only: the migrator refuses a subset at run time); a trainer mode without the migrating hooks is
+    refused."""
+    for backend in ("vllm", "sglang"):
+        config = _run_config(migration={"enable": True})
+        config.actor_rollout_ref.rollout.name = backend
+        assert check_jigsaw_config(config).migration.enable
+    config.trainer.v1.trainer_mode = "separate_async"
+    with pytest.raises(JigsawConfigError, match="^jigsaw.migration.enable=true runs trainer.v1.trainer_mode=jigsaw"):
+        check_jigsaw_config(config)
+
+
 def test_a_vllm_pipeline_in_a_group_turns_on_vllms_stat_logging():
     """verl turns vLLM's stat logging off by default; the queue gauges the group's scheduler reads need it on."""
     from jigsaw_verl.integration.main_ppo import prepare

@@ -72,11 +72,6 @@ def check_migration(settings: JigsawSettings, config: DictConfig) -> None:
             f"jigsaw.migration.enable=true runs trainer.v1.trainer_mode=jigsaw (sync + migration); "
             f"trainer.v1.trainer_mode={mode!r} is not supported with it"
         )
-    if config.actor_rollout_ref.rollout.get("name") == "sglang":
-        raise JigsawConfigError(
-            "jigsaw.migration.enable=true: verl's SGLang server has no per-request abort, which migration needs; "
-            "use actor_rollout_ref.rollout.name=vllm or jigsaw.migration.enable=false"
-        )
 
 
 # hydra's flags that choose the primary config

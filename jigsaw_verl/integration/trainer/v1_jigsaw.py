@@ -175,8 +175,9 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
     def _migrator(self) -> RolloutMigrator:
         if getattr(self, "_jigsaw_migrator", None) is None:
             manager = self.llm_server_manager
-            servers = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
-            self._jigsaw_migrator = RolloutMigrator(manager.global_load_balancer, servers)
+            # verl's replica objects, keyed by the addresses the balancer routes by (LLMServerManager, llm_server.py)
+            replicas = {replica.server_address: replica for replica in manager.get_replicas()}
+            self._jigsaw_migrator = RolloutMigrator(manager.global_load_balancer, replicas)
         return self._jigsaw_migrator
 
     def on_sample_begin(self):

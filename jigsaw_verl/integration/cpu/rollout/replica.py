@@ -6,6 +6,8 @@ talks to ``server_handle`` for generation and control; this class only launches 
 
 from __future__ import annotations
 
+from typing import Any
+
 import ray
 from verl.workers.rollout.replica import RolloutReplica
 
@@ -50,6 +52,15 @@ class CPURolloutReplica(RolloutReplica):
     async def sleep(self) -> None:
         await self.servers[0].wait_for_requests_to_drain.remote()
         await super().sleep()
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        """Answers as verl's ``vLLMReplica.abort_all_requests`` does (``aborted_count``, ``request_ids``), plus the
+        context the aborted requests will re-prefill."""
+        return await self.servers[0].abort_all_requests.remote(reject_request=reject_request)
+
+    async def abort_request(self, request_id: str) -> dict[str, Any]:
+        """One request, as verl's ``vLLMReplica.abort_request`` (``aborted``, ``request_id``)."""
+        return await self.servers[0].abort_request.remote(request_id)
 
 
 def _slot_memory(worker):
