@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 DEMO_WORKLOAD = "longcot-qwen3-4b-x2-8xh100.yaml"
+# what the demo's simulation compares beside every baseline: the JigsawRL scheduler without and with look-ahead
+DEMO_SCHEDULERS = ("greedy", "jigsaw")
 
 
 class UsageError(Exception):
@@ -67,7 +69,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from jigsaw_verl.sim.table import format_report
 
     started = time.perf_counter()
-    report = Runner(workload, progress=_progress).report(names)
+    runner = Runner(workload, progress=_progress)
+    infeasible = runner.infeasible(names)
+    if infeasible and args.policies:
+        raise UsageError(
+            f"--policies: {', '.join(infeasible)} cannot run {args.workload} ({workload.cluster.num_gpus} GPUs, "
+            f"{len(workload.pipelines)} pipelines): no configuration of it fits the pool; leave it out or give a "
+            f"larger cluster.num_gpus"
+        )
+    for name in infeasible:
+        _progress(f"skipping {name}: no configuration of it fits {workload.cluster.num_gpus} GPUs")
+    names = [n for n in names if n not in infeasible]
+    report = runner.report(names)
     print(format_report(report))
     timelines = {name: r.timeline() for name, r in report.results.items()}
     if json_path:
@@ -89,12 +102,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from jigsaw_verl.model.workload_file import BUNDLED_DIR
+    from jigsaw_verl.policy.registry import BASELINES
 
     out = Path(args.out)
-    _progress(f"demo 1/2: simulating {DEMO_WORKLOAD} with every baseline; outputs in {out}/")
+    _progress(f"demo 1/2: simulating {DEMO_WORKLOAD}: every baseline, greedy and jigsaw; outputs in {out}/")
     ns = argparse.Namespace(
         workload=str(BUNDLED_DIR / DEMO_WORKLOAD),
-        policies=None,
+        policies=",".join((*BASELINES, *DEMO_SCHEDULERS)),
         json=str(out / "demo.json"),
         trace=str(out / "demo.trace.json"),
         plot=str(out / "demo.png"),

@@ -81,3 +81,41 @@ def test_unwritable_output_fails_before_simulating(tmp_path):
         text=True,
     )
     assert r.returncode == 2 and "--json" in r.stderr and "simulating" not in r.stderr
+
+
+def test_a_baseline_that_cannot_run_the_pool_is_one_line_or_skipped(tmp_path):
+    """On one GPU the disaggregated baselines have no split: named, it is one line and exit 2 before anything is
+    simulated; in the default set it is skipped with a line saying so and the rest run."""
+    one_gpu = tiny_workload_dict(num_gpus=1)
+    f = tmp_path / "w.yaml"
+    f.write_text(yaml.safe_dump(one_gpu))
+    cmd = [sys.executable, "-m", "jigsaw_verl.cli", "simulate", str(f)]
+    r = subprocess.run([*cmd, "--policies", "verl,streamrl"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("jigsaw-verl: error: --policies: streamrl cannot run") and "1 GPUs" in line
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "skipping streamrl: no configuration of it fits 1 GPUs" in r.stderr
+    assert "\nverl-seq " in r.stdout and "\nstreamrl " not in r.stdout
+
+
+def test_the_demo_simulates_the_scheduler_beside_every_baseline(tmp_path):
+    """``jigsaw-verl demo``'s simulation (the multiplexed run aside): greedy and jigsaw in its table, JSON, trace
+    and plot, beside every baseline."""
+    from jigsaw_verl.policy.registry import BASELINES
+
+    r = subprocess.run(
+        [sys.executable, "-m", "jigsaw_verl.cli", "demo", "--skip-recipe", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    names = [*BASELINES, "greedy", "jigsaw"]
+    assert list(json.loads((tmp_path / "demo.json").read_text())["policies"]) == names
+    rows = {line.split()[0] for line in r.stdout.splitlines() if line.strip()}
+    assert set(names) <= rows
+    trace = json.loads((tmp_path / "demo.trace.json").read_text())["traceEvents"]
+    processes = {e["args"]["name"].split(" (")[0] for e in trace if e.get("name") == "process_name"}
+    assert set(names) <= processes
+    assert (tmp_path / "demo.png").stat().st_size > 0

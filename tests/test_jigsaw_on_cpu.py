@@ -210,3 +210,36 @@ def test_corrections_are_reused_only_for_the_same_history():
     shorter = pol.planning.pred.corrections(history[:-4])
     assert shorter == LookAheadPolicy(w, JigsawKnobs(), name="jigsaw").planning.pred.corrections(history[:-4])
     assert pol.planning.pred.corrections(history) == fresh
+
+
+def test_two_updates_never_join_one_tail_gpu_in_the_same_plan():
+    """Four copies of the long-CoT workload on 8 GPUs made ``greedy`` start a's and c's updates in one plan, both
+    joining GPU 0 where b's rollout tail ran ("GPU 0 is busy; cannot start c update 13"): each update was checked
+    against the snapshot's leases, which do not show the plan's own starts. The state of that decision, on 4 GPUs:
+    b's one-request replica on GPU 0, GPUs 1-3 free, a's training state on (0, 1) and c's on (0, 2)."""
+    from jigsaw_verl.policy.interface import Lease, PipelineView, ReadyStage, Snapshot
+
+    w = workload_from_dict(tiny_workload_dict(num_gpus=4, pipelines=[tiny_pipeline(n) for n in "abc"]), "t.yaml")
+    homes = {"a": (0, 1), "b": (), "c": (0, 2)}
+    views = tuple(
+        PipelineView(name=n, index=i, arrival_s=0.0, arrived=True, started=True, finished=False, version=3,
+                     steps_done=3, running=((4, ROLLOUT, (0,)),) if n == "b" else (),
+                     running_since_s=(50.0,) if n == "b" else (),
+                     rollout_gpus=frozenset({0}) if n == "b" else frozenset(), train_gpus=homes[n])
+        for i, n in enumerate("abc")
+    )  # fmt: skip
+    snap = Snapshot(
+        now_s=100.0, num_gpus=4, free_gpus=frozenset({1, 2, 3}),
+        ready=(ReadyStage("a", 3, "update"), ReadyStage("c", 3, "update")), pipelines=views,
+        last_pipeline=("b", "a", "c", None),
+        leases=((Lease(pipeline="b", stage=ROLLOUT, sm_share=1.0, replica=7),), (), (), ()),
+        free_bytes=(60e9, 80e9, 80e9, 80e9),
+        replicas=(ReplicaView(replica=7, pipeline="b", step=4, gpus=(0,), live=1, queued=0, context_tokens=900,
+                              generated_tokens=800, started_s=50.0),),
+    )  # fmt: skip
+    for name in ("greedy", "jigsaw"):
+        (policy,) = configurations(name, w)
+        starts = [a for a in policy.schedule(snap).actions if isinstance(a, StartStage)]
+        on_gpu0 = [a for a in starts if 0 in a.gpus]
+        assert len(on_gpu0) <= 1, (name, starts)  # beside b's tail there is room for one newcomer
+        assert {a.pipeline for a in on_gpu0} <= {"a"}, (name, starts)  # the first in order takes it

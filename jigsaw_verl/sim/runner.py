@@ -140,6 +140,7 @@ class Runner:
         self.cost = CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
         self.progress = progress or (lambda line: None)
         self._runs: dict[tuple[str, str], SimResult] = {}
+        self._configs: dict[tuple[str, str], list[Policy]] = {}
 
     def run_config(self, policy: Policy, workload: WorkloadSpec | None = None) -> SimResult:
         w = workload or self.w
@@ -149,8 +150,17 @@ class Runner:
         return self._runs[key]
 
     def configurations(self, name: str, workload: WorkloadSpec | None = None) -> list[Policy]:
-        """Every configuration of policy ``name`` worth trying on ``workload`` (the runner's by default)."""
-        return POLICIES.get(name).build(workload or self.w, split_search=fastest_split_alone)
+        """Every configuration of policy ``name`` worth trying on ``workload`` (the runner's by default); built once
+        (a baseline's split search simulates)."""
+        w = workload or self.w
+        key = (w.name + "/" + ",".join(p.name for p in w.pipelines), name)
+        if key not in self._configs:
+            self._configs[key] = POLICIES.get(name).build(w, split_search=fastest_split_alone)
+        return self._configs[key]
+
+    def infeasible(self, names: list[str]) -> list[str]:
+        """The policies among ``names`` with no configuration that can run the workload."""
+        return [name for name in names if not self.configurations(name)]
 
     def run_policy(self, name: str) -> SimResult:
         """The best configuration of ``name`` (smallest makespan; ties to the first tried)."""

@@ -34,12 +34,14 @@ class _FirstFit:
     Attributes:
         free: GPUs still free.
         taken: GPUs this plan starts something on (or that a merge in it releases).
+        started: GPUs this plan starts something on.
         actions: the starts, in order.
         blocked: GPUs a newcomer may not join (free or taken), once a co-location asked for it.
     """
 
     def __init__(self, free: set[int], taken: set[int]):
         self.free, self.taken = free, taken
+        self.started: set[int] = set()
         self.actions: list[StartStage] = []
         self.blocked: np.ndarray | None = None
 
@@ -53,6 +55,7 @@ class _FirstFit:
         self.actions.append(start)
         self.free -= set(start.gpus)
         self.taken |= set(start.gpus)
+        self.started |= set(start.gpus)
         if self.blocked is not None:
             self.blocked[list(start.gpus)] = True
 
@@ -162,17 +165,22 @@ class LookAheadPolicy:
                 training.add(r.pipeline)
             home = views[r.pipeline].train_gpus
             if r.stage in (UPDATE, WEIGHT_SYNC) and home:
-                start = self._start_at_home(snap, r, home, plan.free)
+                start = self._start_at_home(snap, r, home, plan)
             else:
                 start = self._start_first_fit(snap, r, plan, caps=caps, colocate=colocate, fair=fair)
             if start is not None:
                 plan.take(start)
         return tuple(plan.actions)
 
-    def _start_at_home(self, snap: Snapshot, r: ReadyStage, home: tuple[int, ...], free: set[int]) -> StartStage | None:
+    def _start_at_home(
+        self, snap: Snapshot, r: ReadyStage, home: tuple[int, ...], plan: _FirstFit
+    ) -> StartStage | None:
         """An update or sync on the GPUs holding its training state: it waits for them rather than re-shard from
-        host, joining the long-tail replicas on them when co-location is on."""
-        busy = [g for g in home if g not in free]
+        host, joining the long-tail replicas on them when co-location is on (not where this plan already starts
+        something: the snapshot's leases do not show those)."""
+        busy = [g for g in home if g not in plan.free]
+        if plan.started.intersection(busy):
+            return None
         if not busy:
             return StartStage(r.pipeline, r.step, r.stage, tuple(home))
         if self.knobs.colocation and self._joinable(snap, r.pipeline, LOGPROB, busy, len(home)) == busy:

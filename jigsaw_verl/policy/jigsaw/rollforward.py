@@ -55,7 +55,8 @@ class RollForward:
         for r in snap.replicas:
             by_pipe.setdefault(r.pipeline, []).append(r)
         for v in snap.pipelines:
-            for (_, stage, gpus), since in zip(v.running, v.running_since_s):
+            # an executor that does not say when its stages started: they started now
+            for (_, stage, gpus), since in zip(v.running, v.running_since_s or (now,) * len(v.running)):
                 if stage == ROLLOUT:
                     end = self._running_rollout(v.name, by_pipe.get(v.name, []), len(gpus))
                 else:
