@@ -243,3 +243,30 @@ def test_two_updates_never_join_one_tail_gpu_in_the_same_plan():
         on_gpu0 = [a for a in starts if 0 in a.gpus]
         assert len(on_gpu0) <= 1, (name, starts)  # beside b's tail there is room for one newcomer
         assert {a.pipeline for a in on_gpu0} <= {"a"}, (name, starts)  # the first in order takes it
+
+
+def _longcot_copies(copies: int, num_gpus: int, steps: int) -> dict:
+    """``copies`` pipelines of the bundled long-CoT workload's first one on ``num_gpus`` H100s, ``steps`` each."""
+    import yaml
+
+    from jigsaw_verl.model.workload_file import BUNDLED_DIR
+
+    d = yaml.safe_load((BUNDLED_DIR / "longcot-qwen3-4b-x2-8xh100.yaml").read_text())
+    first = d["pipelines"][0]
+    d["name"] = f"longcot-x{copies}-{num_gpus}"
+    d["cluster"] = {**d["cluster"], "num_gpus": num_gpus, "gpus_per_node": min(8, num_gpus)}
+    d["pipelines"] = [{**first, "name": f"p{i}", "steps": steps} for i in range(copies)]
+    return d
+
+
+# four copies at their full 20 steps: greedy's invalid plan came at step 13 there
+@pytest.mark.parametrize("copies,num_gpus,steps", [(4, 8, 20), (8, 16, 3), (3, 4, 3)])
+def test_scheduler_plans_are_valid_at_many_pipelines_and_on_small_pools(copies, num_gpus, steps):
+    """Every plan greedy and jigsaw make on several copies of the long-CoT workload, and on a pool smaller than
+    the pipelines' fair share of a node, passes the schedule checks (tokens once, no GPU over its SMs, on-policy)."""
+    w = workload_from_dict(_longcot_copies(copies, num_gpus, steps), "copies.yaml")
+    for name in ("greedy", "jigsaw"):
+        (c,) = configurations(name, w)
+        r = Simulator(w, c).run()
+        check_all(w, r)
+        assert all(s == 0 for s in r.staleness.values())
