@@ -10,7 +10,7 @@ from jigsaw_verl.model.spec import workload_from_dict
 from jigsaw_verl.policy.interface import EXECUTION_FEATURES, features_of
 from jigsaw_verl.policy.registry import BASELINES, POLICIES, policies_needing_at_most
 from jigsaw_verl.sim.simulator import Simulator
-from jigsaw_verl.sim.split_search import fastest_split_alone
+from jigsaw_verl.sim.split_search import fastest_split_pruned
 
 WORKLOADS = {
     "two-sync": tiny_workload_dict(),
@@ -27,7 +27,7 @@ WORKLOADS = {
 
 def configurations(name, w):
     """Policy ``name``'s configurations on ``w``, built as the runner builds them."""
-    return POLICIES.get(name).build(w, split_search=fastest_split_alone)
+    return POLICIES.get(name).build(w, split_search=fastest_split_pruned)
 
 
 @pytest.mark.parametrize("policy", BASELINES)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, replace
 from jigsaw_verl.model.cost_model import CostModel
 from jigsaw_verl.model.lengths import sample_steps
 from jigsaw_verl.model.spec import WorkloadSpec
+from jigsaw_verl.policy.baselines.placement import SplitSearch
 from jigsaw_verl.policy.interface import Policy
 from jigsaw_verl.policy.registry import BASELINES, POLICIES
 from jigsaw_verl.sim.lower_bound import LowerBound, declared_staleness, lower_bound, relaxed_staleness
 from jigsaw_verl.sim.simulator import SimResult, Simulator
-from jigsaw_verl.sim.split_search import fastest_split_alone
+from jigsaw_verl.sim.split_search import fastest_split_pruned
 
 
 @dataclass(frozen=True)
@@ -127,16 +128,23 @@ def check_policy_names(names: list[str]) -> None:
 
 class Runner:
     """Runs policy configurations on one workload, each configuration once (shared between ``verl`` and its
-    forms, and with the alone references). Every policy is built with the simulator's split search
-    (:func:`~jigsaw_verl.sim.split_search.fastest_split_alone`).
+    forms, and with the alone references). Every policy is built with ``split_search``.
 
     Args:
         workload: the workload.
         progress: called with a line of text before each simulation.
+        split_search: how the disaggregated baselines pick their splits (the pruned search by default;
+            :func:`~jigsaw_verl.sim.split_search.fastest_split_alone` tries every split).
     """
 
-    def __init__(self, workload: WorkloadSpec, progress: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        workload: WorkloadSpec,
+        progress: Callable[[str], None] | None = None,
+        split_search: SplitSearch = fastest_split_pruned,
+    ):
         self.w = workload
+        self.split_search = split_search
         self.cost = CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
         self.progress = progress or (lambda line: None)
         self._runs: dict[tuple[str, str], SimResult] = {}
@@ -155,7 +163,7 @@ class Runner:
         w = workload or self.w
         key = (w.name + "/" + ",".join(p.name for p in w.pipelines), name)
         if key not in self._configs:
-            self._configs[key] = POLICIES.get(name).build(w, split_search=fastest_split_alone)
+            self._configs[key] = POLICIES.get(name).build(w, split_search=self.split_search)
         return self._configs[key]
 
     def infeasible(self, names: list[str]) -> list[str]:
