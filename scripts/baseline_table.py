@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for f in bundled_workloads():
         w = load_workload(f)
-        rep = Runner(w, progress=lambda line: print(line, file=sys.stderr)).report(DEFAULT_POLICIES)
+        runner = Runner(w, progress=lambda line: print(line, file=sys.stderr))
+        infeasible = runner.infeasible(DEFAULT_POLICIES)
+        rep = runner.report([p for p in DEFAULT_POLICIES if p not in infeasible])
         reports[w.name] = rep.to_json()
         for name, m in rep.metrics.items():
             infl = sum(p.latency_inflation for p in m.pipelines.values()) / len(m.pipelines)
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {w.name} | *lower bound* | {lb.makespan_s:.0f} | | | | | | | on-policy; one-step-off: "
             f"{rep.lower_bound_relaxed.makespan_s:.0f} s |"
         )
+        for name in infeasible:
+            print(f"| {w.name} | {name} | cannot run this pool | | | | | | | no configuration fits |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(reports, fh, indent=2)

@@ -58,9 +58,11 @@ def migration_figures(result) -> tuple[int, float, float]:
 def bench_workload(path) -> dict:
     w = load_workload(path)
     runner = Runner(w, progress=lambda line: print(f"  {w.name}: {line}", file=sys.stderr))
-    rep = runner.report(POLICIES)
-    peer = min(rep.metrics[p].makespan_s for p in PEERS)
-    out = {"workload": w.name, "lower_bound_s": rep.lower_bound.makespan_s, "policies": {}}
+    infeasible = runner.infeasible(POLICIES)
+    rep = runner.report([p for p in POLICIES if p not in infeasible])
+    peers = [rep.metrics[p].makespan_s for p in PEERS if p in rep.metrics]
+    peer = min(peers) if peers else None
+    out = {"workload": w.name, "lower_bound_s": rep.lower_bound.makespan_s, "policies": {}, "infeasible": infeasible}
     for name, m in rep.metrics.items():
         infl = [pm.latency_inflation for pm in m.pipelines.values()]
         moved, reprefill, freed = migration_figures(rep.results[name])
@@ -69,7 +71,7 @@ def bench_workload(path) -> dict:
             "makespan_s": m.makespan_s,
             "tokens_per_s": m.tokens_per_s,
             "vs_verl": m.ratio_vs_verl,
-            "vs_best_peer": peer / m.makespan_s,
+            "vs_best_peer": None if peer is None else peer / m.makespan_s,
             "over_bound": m.makespan_s / m.lower_bound_s,
             "mean_inflation": float(np.mean(infl)),
             "max_inflation": float(np.max(infl)),
@@ -163,13 +165,15 @@ def markdown(results: list[dict], latency: list[dict]) -> str:
     ]
     for r in results:
         for name, m in r["policies"].items():
-            pct = m["reprefill_pct_of_freed"]
+            pct, peer = m["reprefill_pct_of_freed"], m["vs_best_peer"]
             lines.append(
                 f"| {r['workload']} | {name} | {m['makespan_s']:.0f} | {m['tokens_per_s']:,.0f} | {m['vs_verl']:.2f}x "
-                f"| {m['vs_best_peer']:.2f}x | {m['over_bound']:.2f}x | {m['mean_inflation']:.2f}x "
+                f"| {'-' if peer is None else f'{peer:.2f}x'} | {m['over_bound']:.2f}x | {m['mean_inflation']:.2f}x "
                 f"| {m['max_inflation']:.2f}x | {m['migrated_requests']} | {'-' if pct is None else f'{pct:.1f}%'} |"
             )
         lines.append(f"| {r['workload']} | *lower bound* | {r['lower_bound_s']:.0f} | | | | | | | | |")
+        for name in r["infeasible"]:
+            lines.append(f"| {r['workload']} | {name} | cannot run this pool | | | | | | | | |")
     lines += ["", "| predictor (jigsaw runs) | rollout | log-prob | update |", "|---|---:|---:|---:|"]
     for r in results:
         e = r["predictor_error_jigsaw"]

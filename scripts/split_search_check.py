@@ -2,9 +2,9 @@
 
 Usage: ``python scripts/split_search_check.py [--skip-exhaustive-at-scale] [--json F]``.
 
-Part 1, per bundled workload and per split-searching baseline (``streamrl``, ``areal``): the makespan of the
-configuration the pruned search picks (:func:`~jigsaw_verl.sim.split_search.fastest_split_pruned`, the runner's)
-beside the exhaustive search's (every split simulated), their ratio and both searches' wall times. The scaled
+Part 1, per bundled workload and per searching baseline (``streamrl``, ``areal``: their rollout/training split;
+``rollmux``: its rollout pool size): the makespan of the configuration the pruned search picks (the runner's
+default) beside the exhaustive search's (every choice simulated), their ratio and both searches' wall times. The scaled
 workload (each bundled long-CoT pipeline copied to 8 pipelines on 64 GPUs) is compared the same way.
 
 Part 2: the wall time of every baseline (configurations built and run, as ``jigsaw-verl simulate`` does) on the
@@ -24,9 +24,8 @@ from jigsaw_verl.model.spec import ClusterSpec, WorkloadSpec
 from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
 from jigsaw_verl.policy.registry import BASELINES
 from jigsaw_verl.sim.runner import Runner
-from jigsaw_verl.sim.split_search import fastest_split_alone, fastest_split_pruned
 
-SEARCHING = ("streamrl", "areal")
+SEARCHING = ("streamrl", "areal", "rollmux")  # the policies whose choice the pruned search makes
 TOLERANCE = 0.02  # the pruned split's makespan may be at most 2 % above the exhaustive search's
 BUDGET_S = 120.0  # per baseline at 64 GPUs x 8 pipelines
 
@@ -42,19 +41,24 @@ def scaled(w: WorkloadSpec, num_gpus: int, pipelines: int) -> WorkloadSpec:
     return replace(w, name=f"{w.name}-scaled-{num_gpus}x{pipelines}", cluster=cluster, pipelines=pipes)
 
 
-def best_of(runner: Runner, name: str) -> tuple[float, str, float]:
-    """(makespan, configuration, wall seconds) of ``name``'s best configuration under ``runner``."""
+def best_of(runner: Runner, name: str) -> tuple[float, str, float] | None:
+    """(makespan, configuration, wall seconds: building its configurations and running them) of ``name``'s best
+    configuration under ``runner``; ``None`` when no configuration fits the pool."""
     began = time.perf_counter()
+    if not runner.configurations(name):
+        return None
     result = runner.run_policy(name)
     return result.makespan_s, result.config, time.perf_counter() - began
 
 
 def compare_searches(w: WorkloadSpec) -> list[dict]:
-    pruned, exhaustive = Runner(w, split_search=fastest_split_pruned), Runner(w, split_search=fastest_split_alone)
+    pruned, exhaustive = Runner(w), Runner(w, exhaustive=True)
     rows = []
     for name in SEARCHING:
-        p_s, p_cfg, p_wall = best_of(pruned, name)
-        e_s, e_cfg, e_wall = best_of(exhaustive, name)
+        pruned_best, exhaustive_best = best_of(pruned, name), best_of(exhaustive, name)
+        if pruned_best is None or exhaustive_best is None:
+            continue
+        (p_s, p_cfg, p_wall), (e_s, e_cfg, e_wall) = pruned_best, exhaustive_best
         rows.append(
             {
                 "workload": w.name,
@@ -79,7 +83,7 @@ def compare_searches(w: WorkloadSpec) -> list[dict]:
 def baseline_walls(w: WorkloadSpec) -> list[dict]:
     runner, rows = Runner(w), []
     for name in BASELINES:
-        makespan, config, wall = best_of(runner, name)
+        makespan, config, wall = best_of(runner, name)  # every baseline fits the scaled workload
         rows.append({"workload": w.name, "policy": name, "makespan_s": makespan, "wall_s": wall, "config": config})
         print(f"  {w.name} {name}: {makespan:.1f} s simulated in {wall:.1f} s", file=sys.stderr)
     return rows

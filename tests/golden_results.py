@@ -56,14 +56,18 @@ def run_all() -> dict:
     for path in bundled_workloads():
         workload = load_workload(path)
         runner = Runner(workload)
-        out[workload.name] = (workload, {name: runner.run_policy(name) for name in POLICIES.names()})
+        names = [n for n in POLICIES.names() if n not in runner.infeasible(POLICIES.names())]
+        out[workload.name] = (workload, {name: runner.run_policy(name) for name in names})
     return out
 
 
 def compute(runs: dict | None = None) -> dict:
     """The golden record of :func:`run_all`'s results."""
     runs = runs if runs is not None else run_all()
-    return {w: {name: record(r) for name, r in results.items()} for w, (_, results) in runs.items()}
+    return {
+        w: {name: record(results[name]) if name in results else "infeasible" for name in POLICIES.names()}
+        for w, (_, results) in runs.items()
+    }
 
 
 def check_and_record(path: str) -> tuple[str, dict, list[str]]:
@@ -74,7 +78,11 @@ def check_and_record(path: str) -> tuple[str, dict, list[str]]:
     workload = load_workload(path)
     runner = Runner(workload)
     records, failures = {}, []
+    infeasible = runner.infeasible(POLICIES.names())
     for name in POLICIES.names():
+        if name in infeasible:  # no configuration fits the pool (a disaggregated baseline on 4 GPUs at TP 4)
+            records[name] = "infeasible"
+            continue
         result = runner.run_policy(name)
         records[name] = record(result)
         try:

@@ -69,8 +69,25 @@ def check_dependencies(w: WorkloadSpec, r: SimResult) -> None:
         assert r.finish_s[p.name] == st[(p.name, p.steps - 1, UPDATE)].end_s
 
 
+def check_no_sync_beside_another_rollout(r: SimResult) -> None:
+    """A weight sync wakes its pipeline's engines: it never shares a GPU with another pipeline's rollout (the live
+    executor grants none there, ``LiveExecutor._may_share``)."""
+    rollouts = defaultdict(list)
+    for s in r.slices:
+        if s.stage == ROLLOUT:
+            for g in s.gpus:
+                rollouts[g].append((s.start_s, s.end_s, s.pipeline))
+    for s in r.slices:
+        if s.stage != WEIGHT_SYNC:
+            continue
+        for g in s.gpus:
+            beside = [x for x in rollouts[g] if x[2] != s.pipeline and x[0] < s.end_s - EPS and x[1] > s.start_s + EPS]
+            assert not beside, f"{r.policy}: {s.pipeline} sync {s.step} on GPU {g} beside {beside[0][2]}'s rollout"
+
+
 def check_all(w: WorkloadSpec, r: SimResult) -> None:
     check_tokens_exactly_once(w, r)
     check_no_gpu_oversubscribed(r)
+    check_no_sync_beside_another_rollout(r)
     check_dependencies(w, r)
     check_migrations(r)

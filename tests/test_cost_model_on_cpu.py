@@ -78,3 +78,86 @@ def test_colocation_rates():
     two_mem = cost.stage_load(Work(0.3, 0.9), 1.0, 1, sm_share=0.5, mem_share=0.4)
     r1, r2 = cost.colocated_rates(two_mem, two_mem)
     assert r1 * 0.9 + r2 * 0.9 <= 1 + 1e-9  # two memory-bound stages split the bandwidth
+
+
+def _paper_like(**over):
+    """One Qwen3-4B GRPO job on 4 x H100 at rollout TP 4 (the calibrated setting's shape, 2 steps)."""
+    from jigsaw_verl.model.spec import workload_from_dict
+
+    p = {
+        "name": "a",
+        "model": "qwen3-4b",
+        "batch_prompts": 16,
+        "group_size": 4,
+        "rollout_tp": 4,
+        "prompt_len": {"median": 110, "p99": 300, "max": 512},
+        "response_len": {"median": 1500, "p99": 8192, "max": 8192, "group_corr": 0.5},
+        "steps": 2,
+    }
+    p.update(over)
+    return workload_from_dict({"name": "p", "cluster": {"gpu": "H100-80G", "num_gpus": 4}, "pipelines": [p]})
+
+
+def test_offload_adds_its_pcie_round_trips_to_each_stage_and_the_reference_streams_its_weights():
+    import numpy as np
+
+    from jigsaw_verl.model.graph import logprob_nodes, update_nodes, weight_sync_node
+    from jigsaw_verl.model.memory import WEIGHT_BYTES_PER_PARAM
+
+    cost, seq = CostModel(H100), np.full(64, 2000, dtype=np.int64)
+    plain, off = _paper_like().pipelines[0], _paper_like(param_offload=True, optimizer_offload=True).pipelines[0]
+    m = plain.model
+
+    def total(nodes):
+        return sum(n.duration_s for n in nodes)
+
+    param, opt = cost.param_offload_round_trip(m, 4), cost.optimizer_offload_round_trip(m, 4)
+    # fp32 params (4 B) and Adam's two fp32 moments (8 B) per parameter, sharded over 4 GPUs, there and back
+    assert param == pytest.approx(2 * 4 * m.params / 4 / (H100.pcie_bytes_per_s * cost.eff.interconnect_efficiency))
+    assert opt == pytest.approx(2 * param)
+    assert total(logprob_nodes(off, cost, 0, 4, seq)) == pytest.approx(
+        total(logprob_nodes(plain, cost, 0, 4, seq)) + param
+    )
+    assert total(update_nodes(off, cost, 0, 4, seq)) == pytest.approx(
+        total(update_nodes(plain, cost, 0, 4, seq)) + param + opt
+    )
+    sync = {s: weight_sync_node(s, cost, 0, 4, colocated=True, rollout_gpus=4, same_node=True) for s in (plain, off)}
+    assert sync[off].duration_s == pytest.approx(sync[plain].duration_s + param)
+    ref = [n for n in logprob_nodes(plain, cost, 0, 4, seq) if n.name.startswith("ref_logprob")]
+    old = [n for n in logprob_nodes(plain, cost, 0, 4, seq) if n.name.startswith("old_logprob")]
+    stream = WEIGHT_BYTES_PER_PARAM * m.params / 4 / (H100.pcie_bytes_per_s * cost.eff.interconnect_efficiency)
+    assert all(r.duration_s == pytest.approx(o.duration_s + stream) for r, o in zip(ref, old, strict=True))
+
+
+def test_log_prob_micro_batches_follow_their_own_token_budget():
+    import numpy as np
+
+    from jigsaw_verl.model.graph import logprob_nodes
+
+    cost, seq = CostModel(H100), np.full(64, 2000, dtype=np.int64)
+    wide = _paper_like(train_micro_batch_tokens=16384).pipelines[0]
+    narrow = _paper_like(train_micro_batch_tokens=16384, logprob_micro_batch_tokens=8704).pipelines[0]
+    count = {
+        s: sum(n.name.startswith("old_logprob") for n in logprob_nodes(s, cost, 0, 4, seq)) for s in (wide, narrow)
+    }
+    assert (count[wide], count[narrow]) == (2, 4)  # 128k tokens in 4 x 16384-token or 4 x 8704-token micro-batches
+
+
+def test_gpu_memory_utilization_caps_the_kv_cache_and_slows_a_crowded_rollout():
+    from jigsaw_verl.model.graph import ROLLOUT
+    from jigsaw_verl.model.memory import kv_capacity_tokens
+    from jigsaw_verl.policy.registry import POLICIES
+    from jigsaw_verl.sim.simulator import Simulator
+
+    m = MODELS["qwen3-4b"]
+    capped = kv_capacity_tokens(m, H100, tp=4, gpu_memory_utilization=0.05)
+    assert capped == int((4 * 0.05 * H100.memory_bytes - 2 * m.params) // m.kv_bytes_per_token)
+    assert capped < kv_capacity_tokens(m, H100, tp=4)
+    rollout_s = {}
+    for gmu in (None, 0.05):
+        w = _paper_like(gpu_memory_utilization=gmu)
+        (policy,) = POLICIES.get("verl-seq").build(w)
+        r = Simulator(w, policy).run()
+        rollout_s[gmu] = sum(s.end_s - s.start_s for s in r.stages if s.stage == ROLLOUT)
+    # 64 sequences of up to 8.7k tokens do not all fit ~{capped} KV tokens: admission waits, the rollout is longer
+    assert rollout_s[0.05] > 1.05 * rollout_s[None]

@@ -275,3 +275,40 @@ def test_a_handover_of_a_lease_not_held_or_while_waiting_is_refused():
     assert ex.request("a", -1, "init", 0.0)[0].forced
     with pytest.raises(ValueError, match="unknown stage 'warmup'"):
         ex.request("a", -1, "warmup", 0.0)
+
+
+class _ShareEverything:
+    """A test policy (the unit under test is the executor's admission, not a policy's judgement): every ready stage
+    starts at once at half the SMs, beside whatever holds its slots."""
+
+    name = config = "test-share-everything"
+
+    def mode(self, pipeline):
+        return ExecutionMode()
+
+    def schedule(self, snap):
+        gpus = tuple(range(snap.num_gpus))
+        return SchedulerOutput(tuple(StartStage(r.pipeline, r.step, r.stage, gpus, 0.5) for r in snap.ready))
+
+
+def test_a_weight_sync_and_another_pipelines_rollout_never_share_a_slot():
+    """A sync hands its slots over to its own rollout (a rollout only ever starts that way): no sync is granted
+    beside another pipeline's rollout, however the policy asks, so the two never share a slot (the simulator's
+    schedule checks hold every policy to the same rule)."""
+    ex = LiveExecutor(2, CPU_SLOT, lambda workload: _ShareEverything(), policy_name="test-share-everything")
+    for n in "ab":
+        ex.join(_spec(n), 2, 0.0)
+    assert ex.home("a") == ex.home("b") == (0, 1)
+    assert sorted(_run(ex, ["a", "b"])) == ["a", "b"]
+    syncs = [s for s in ex.slices if s.stage == WEIGHT_SYNC and s.end_s > s.start_s]
+    rollouts = [s for s in ex.slices if s.stage == "rollout" and s.end_s > s.start_s]
+    assert syncs and rollouts
+    shared = [
+        (s.pipeline, s.step, r.pipeline, r.step)
+        for s in syncs
+        for r in rollouts
+        if r.pipeline != s.pipeline and set(r.gpus) & set(s.gpus) and r.start_s < s.end_s and s.start_s < r.end_s
+    ]
+    assert shared == []
+    assert any(s.sm_share < 1.0 for s in ex.slices), "nothing was co-located: the test would prove nothing"
+    _check_leases(ex)

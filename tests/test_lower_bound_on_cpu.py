@@ -101,6 +101,9 @@ def small_workloads(draw):
             },
             "ref_model": draw(st.booleans()),
             "train_micro_batch_tokens": 4352,
+            "param_offload": draw(st.booleans()),
+            "optimizer_offload": draw(st.booleans()),
+            "gpu_memory_utilization": draw(st.sampled_from([None, 0.1, 0.5])),
             "steps": draw(st.integers(1, 3)),
             "arrival_s": draw(st.sampled_from([0.0, 0.0, 2.5])),
         }

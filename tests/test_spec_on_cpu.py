@@ -15,7 +15,12 @@ from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
 
 def test_bundled_workloads_load():
     names = [load_workload(f).name for f in bundled_workloads()]
-    assert names == ["gsm8k-qwen3-4b-x2-8xh100", "hetero-mixed-16xa100", "longcot-qwen3-4b-x2-8xh100"]
+    assert names == [
+        "gsm8k-qwen3-4b-x2-8xh100",
+        "hetero-mixed-16xa100",
+        "longcot-qwen3-4b-x2-8xh100",
+        "paper-qwen3-4b-x2-4xh100",
+    ]
     hetero = load_workload(bundled_workloads()[1])
     assert hetero.pipeline("mid-async").rollout_tp == 2 and hetero.pipeline("ppo-critic").critic
 
@@ -70,6 +75,36 @@ BAD = {
     "no pipelines": (lambda d: d.update(pipelines=[]), "pipelines", "non-empty"),
     "string size": (lambda d: d["pipelines"][0].update(steps="ten"), "pipelines[0].steps", "integer"),
     "missing model": (lambda d: d["pipelines"][0].pop("model"), "pipelines[0].model", "required"),
+    "offload not a boolean": (
+        lambda d: d["pipelines"][0].update(param_offload="yes"),
+        "pipelines[0].param_offload",
+        "expected true or false",
+    ),
+    "optimizer offload not a boolean": (
+        lambda d: d["pipelines"][1].update(optimizer_offload=1),
+        "pipelines[1].optimizer_offload",
+        "expected true or false",
+    ),
+    "memory share zero": (
+        lambda d: d["pipelines"][0].update(gpu_memory_utilization=0),
+        "pipelines[0].gpu_memory_utilization",
+        "must be > 0",
+    ),
+    "memory share above one": (
+        lambda d: d["pipelines"][0].update(gpu_memory_utilization=1.5),
+        "pipelines[0].gpu_memory_utilization",
+        "must be in (0, 1]",
+    ),
+    "memory share too small": (
+        lambda d: d["pipelines"][0].update(model="qwen3-4b", gpu_memory_utilization=0.05),
+        "pipelines[0].gpu_memory_utilization",
+        "at least 0.1 would",
+    ),
+    "log-prob micro-batch too small": (
+        lambda d: d["pipelines"][0].update(logprob_micro_batch_tokens=1000),
+        "pipelines[0].logprob_micro_batch_tokens",
+        "cannot hold one sequence",
+    ),
 }
 
 
@@ -83,6 +118,15 @@ def test_bad_input_names_key_and_problem(case):
     assert str(err.value).startswith(f"w.yaml: {key}: ")
 
 
+def test_the_memory_share_a_refusal_names_is_enough():
+    """The ``gpu_memory_utilization`` the refusal suggests loads; the cap it sets is what the engine gets."""
+    with pytest.raises(SpecError, match=r"at least ([0-9.]+) would") as err:
+        workload_from_dict(_bad(lambda d: d["pipelines"][0].update(model="qwen3-4b", gpu_memory_utilization=0.05)))
+    enough = float(err.value.problem.rsplit("at least ", 1)[1].split()[0])
+    w = workload_from_dict(_bad(lambda d: d["pipelines"][0].update(model="qwen3-4b", gpu_memory_utilization=enough)))
+    assert w.pipelines[0].gpu_memory_utilization == enough
+
+
 def test_too_many_pipelines():
     d = tiny_workload_dict(pipelines=[tiny_pipeline(f"p{i}") for i in range(65)])
     with pytest.raises(SpecError, match="at most 64"):
@@ -93,7 +137,9 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "jigsaw_verl.cli", *args], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("case", ["unknown key", "p99 below median", "model too big", "repeated name", "zero size"])
+@pytest.mark.parametrize(
+    "case", ["unknown key", "p99 below median", "model too big", "repeated name", "zero size", "memory share too small"]
+)
 def test_cli_bad_file_one_line_exit_2(tmp_path, case):
     mutate, key, _ = BAD[case]
     f = tmp_path / "bad.yaml"

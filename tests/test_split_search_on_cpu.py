@@ -11,7 +11,7 @@ import pytest
 from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
 from jigsaw_verl.sim import split_search
 from jigsaw_verl.sim.runner import Runner
-from jigsaw_verl.sim.split_search import COARSE_POINTS, fastest_split_alone, fastest_split_pruned, pruned_argmin
+from jigsaw_verl.sim.split_search import COARSE_POINTS, pruned_argmin
 
 
 def unimodal(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -55,9 +55,43 @@ def test_on_the_bundled_16_gpu_workload_the_pruned_search_matches_the_exhaustive
         return real(*args)
 
     monkeypatch.setattr(split_search, "alone_makespan_s", counted)
-    exhaustive = Runner(w, split_search=fastest_split_alone).run_policy("areal")
+    exhaustive = Runner(w, exhaustive=True).run_policy("areal")
     exhaustive_runs, runs["n"] = runs["n"], 0
-    pruned = Runner(w, split_search=fastest_split_pruned).run_policy("areal")
+    pruned = Runner(w).run_policy("areal")
     # 15 options on the whole pool per pipeline: the pruned search simulates fewer of them
     assert runs["n"] < exhaustive_runs
     assert pruned.makespan_s <= 1.02 * exhaustive.makespan_s
+
+
+def test_an_engine_event_due_within_the_clocks_tolerance_is_not_re_armed_for_ever():
+    """A split the search tries on 64 GPUs (AReaL mode, one long-CoT job on 32 rollout + 32 training GPUs): a
+    replica's weight load ended 1e-9 s after the moment the simulator popped it as due; advancing the engine only
+    to that moment left it pending and re-armed at the same moment, for ever (the search never returned)."""
+    import signal
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from split_search_check import scaled
+
+    from jigsaw_verl.policy.baselines.areal import _areal_mode
+    from jigsaw_verl.policy.baselines.placement import role_splits
+    from jigsaw_verl.sim.split_search import alone_makespan_s
+
+    (path,) = [p for p in bundled_workloads() if p.name.startswith("longcot")]
+    big = scaled(load_workload(path), 64, 8)
+    spec = big.pipeline("b-3")
+    split = role_splits(spec, big, tuple(range(64)))[31]
+    assert (len(split.rollout), len(split.train)) == (32, 32)
+
+    def hung(*_):
+        raise TimeoutError("the simulation did not finish in 60 s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        makespan = alone_makespan_s(spec, big, split, _areal_mode(spec), "areal")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert 0 < makespan < 2000

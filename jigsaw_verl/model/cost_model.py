@@ -17,7 +17,12 @@ import math
 from dataclasses import dataclass
 
 from jigsaw_verl.model.catalogue import GPUSpec, ModelSpec
-from jigsaw_verl.model.memory import TRAIN_BYTES_PER_PARAM, WEIGHT_BYTES_PER_PARAM
+from jigsaw_verl.model.memory import (
+    OFFLOADED_OPTIMIZER_BYTES_PER_PARAM,
+    OFFLOADED_PARAM_BYTES_PER_PARAM,
+    TRAIN_BYTES_PER_PARAM,
+    WEIGHT_BYTES_PER_PARAM,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,6 +262,22 @@ class CostModel:
         links = max(1, min(src_gpus, dst_gpus))
         bw = (self.gpu.nvlink_bytes_per_s if same_node else self.gpu.nic_bytes_per_s) * self.eff.interconnect_efficiency
         return WEIGHT_BYTES_PER_PARAM * model.params / (links * bw) + self.eff.weight_sync_overhead_s
+
+    def param_offload_round_trip(self, model: ModelSpec, gpus: int) -> float:
+        """Seconds to load the actor's sharded fp32 parameters from the host and offload them after (verl's
+        ``param_offload``, around each log-prob, update and weight sync)."""
+        return 2 * self.host_copy(OFFLOADED_PARAM_BYTES_PER_PARAM * model.params / gpus)
+
+    def optimizer_offload_round_trip(self, model: ModelSpec, gpus: int) -> float:
+        """Seconds to load Adam's sharded moments from the host and offload them after (verl's
+        ``optimizer_offload``, around each update)."""
+        return 2 * self.host_copy(OFFLOADED_OPTIMIZER_BYTES_PER_PARAM * model.params / gpus)
+
+    def reference_stream(self, model: ModelSpec, gpus: int) -> float:
+        """Seconds one reference forward spends copying its bf16 parameter shard to the device: verl 0.9.1 always
+        builds forward-only engines with FSDP CPU offload (``CPUOffload(offload_params=True)`` / FSDP2
+        ``CPUOffloadPolicy``, verl/workers/engine/fsdp/transformer_impl.py), so every micro-batch streams it."""
+        return self.host_copy(WEIGHT_BYTES_PER_PARAM * model.params / gpus)
 
     def host_copy(self, bytes_per_gpu: float) -> float:
         """Seconds to offload or onload ``bytes_per_gpu`` to/from pinned host memory over PCIe (GPUs in

@@ -99,18 +99,28 @@ def logprob_nodes(
         nodes.append(
             SubStage(spec.name, step, LOGPROB, "reward", 0, cost.reward(len(seq_lens)), "cpu", gpus, mem, Work())
         )
+    if spec.param_offload:
+        nodes.append(_offload_node(spec, step, LOGPROB, gpus, mem, cost.param_offload_round_trip(spec.model, gpus)))
     passes = ["old_logprob"] + (["ref_logprob"] if spec.ref_model else []) + (["values"] if spec.critic else [])
-    for j, idx in enumerate(micro_batches(seq_lens, gpus * spec.train_micro_batch_tokens), start=first_index):
+    for j, idx in enumerate(micro_batches(seq_lens, gpus * spec.logprob_tokens_per_gpu), start=first_index):
         lens = seq_lens[idx].astype(float)
         tokens, sum_sq = float(lens.sum()), float((lens * lens).sum())
         dur = cost.logprob_micro_batch(spec.model, gpus, tokens, sum_sq)
         work = cost.logprob_work(spec.model, tokens, sum_sq)
         flops = cost.forward_flops(spec.model, tokens, sum_sq)
         for name in passes:
+            extra = cost.reference_stream(spec.model, gpus) if name == "ref_logprob" else 0.0
             nodes.append(
-                SubStage(spec.name, step, LOGPROB, f"{name}/mb{j}", 0, dur, _bound(work), gpus, mem, work, flops)
+                SubStage(
+                    spec.name, step, LOGPROB, f"{name}/mb{j}", 0, dur + extra, _bound(work), gpus, mem, work, flops
+                )
             )
     return nodes
+
+
+def _offload_node(spec: PipelineSpec, step: int, stage: str, gpus: int, mem: float, seconds: float) -> SubStage:
+    """The PCIe copies of verl's FSDP offload around a stage (load before, offload after), as one node."""
+    return SubStage(spec.name, step, stage, "offload", 0, seconds, "comm", gpus, mem, Work())
 
 
 def update_nodes(spec: PipelineSpec, cost: CostModel, step: int, gpus: int, seq_lens: np.ndarray) -> list[SubStage]:
@@ -120,6 +130,11 @@ def update_nodes(spec: PipelineSpec, cost: CostModel, step: int, gpus: int, seq_
     nodes = [
         SubStage(spec.name, step, UPDATE, "advantage", 0, cost.reward(len(seq_lens)) / 4, "cpu", gpus, mem, Work())
     ]
+    offload = (cost.param_offload_round_trip(spec.model, gpus) if spec.param_offload else 0.0) + (
+        cost.optimizer_offload_round_trip(spec.model, gpus) if spec.optimizer_offload else 0.0
+    )
+    if offload > 0:
+        nodes.append(_offload_node(spec, step, UPDATE, gpus, mem, offload))
     minis = np.array_split(np.arange(len(seq_lens)), max(1, min(cost.eff.optimizer_steps_per_batch, len(seq_lens))))
     opt = cost.optimizer_step(spec.model, gpus)
     for name in (["critic_update"] if spec.critic else []) + ["actor_update"]:
@@ -147,6 +162,8 @@ def weight_sync_node(
         dur = cost.weight_sync_colocated(spec.model, gpus)
     else:
         dur = cost.weight_sync_transfer(spec.model, gpus, rollout_gpus, same_node=same_node)
+    if spec.param_offload:  # the sync reads the actor's parameters: loaded for it, offloaded after
+        dur += cost.param_offload_round_trip(spec.model, gpus)
     return SubStage(spec.name, step, WEIGHT_SYNC, "weight_sync", 0, dur, "comm", gpus, 0.0, Work())
 
 

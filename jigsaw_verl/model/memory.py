@@ -12,6 +12,11 @@ from jigsaw_verl.model.catalogue import GPUSpec, ModelSpec
 
 TRAIN_BYTES_PER_PARAM = 16.0
 WEIGHT_BYTES_PER_PARAM = 2.0
+# What verl's FSDP offload moves between host and device, bytes per parameter before sharding
+# (verl/utils/fsdp_utils.py offload_fsdp_model_to_cpu / offload_fsdp_optimizer): the fp32 parameters, and Adam's two
+# fp32 moments.
+OFFLOADED_PARAM_BYTES_PER_PARAM = 4.0
+OFFLOADED_OPTIMIZER_BYTES_PER_PARAM = 8.0
 # NOTE: the share of device memory kept back for activations, the CUDA context and fragmentation.
 RESERVED_FRACTION = 0.1
 
@@ -45,7 +50,19 @@ def min_train_gpus(model: ModelSpec, gpu: GPUSpec, *, critic: bool, ref_model: b
     return n
 
 
-def kv_capacity_tokens(model: ModelSpec, gpu: GPUSpec, *, tp: int, other_resident_bytes: float = 0.0) -> int:
-    """KV-cache tokens one replica of ``tp`` GPUs can hold beside its weights and ``other_resident_bytes`` per GPU."""
+def kv_capacity_tokens(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    *,
+    tp: int,
+    other_resident_bytes: float = 0.0,
+    gpu_memory_utilization: float | None = None,
+) -> int:
+    """KV-cache tokens one replica of ``tp`` GPUs can hold beside its weights and ``other_resident_bytes`` per GPU;
+    with ``gpu_memory_utilization``, at most what that share of each device holds beside the weights (vLLM and
+    SGLang size their KV pool so: ``gpu_memory_utilization`` / ``mem_fraction_static`` x device memory, minus the
+    weights)."""
     free = tp * (usable_bytes(gpu) - other_resident_bytes) - rollout_weight_bytes(model)
+    if gpu_memory_utilization is not None:
+        free = min(free, tp * gpu_memory_utilization * gpu.memory_bytes - rollout_weight_bytes(model))
     return max(0, int(free // model.kv_bytes_per_token))

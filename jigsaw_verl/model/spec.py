@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jigsaw_verl.model.catalogue import GPUS, MODELS, GPUSpec, ModelSpec
-from jigsaw_verl.model.memory import kv_capacity_tokens, min_train_gpus
+from jigsaw_verl.model.memory import kv_capacity_tokens, min_train_gpus, rollout_weight_bytes
 
 MAX_PIPELINES = 64
 
@@ -74,7 +74,17 @@ class PipelineSpec:
         response_len: response length distribution, tokens.
         ref_model: whether KL reference log-probs are computed.
         rollout_tp: tensor-parallel size of one rollout replica.
-        train_micro_batch_tokens: tokens per GPU in one training micro-batch (verl's dynamic batch size).
+        train_micro_batch_tokens: tokens per GPU in one training micro-batch (verl's dynamic batch size,
+            ``actor.ppo_max_token_len_per_gpu``).
+        logprob_micro_batch_tokens: tokens per GPU in one log-prob micro-batch (``*.log_prob_max_token_len_per_gpu``);
+            ``None``: ``train_micro_batch_tokens``, as verl defaults it.
+        param_offload: the actor's FSDP parameters live on the host between stages (``actor.fsdp_config.
+            param_offload``): each log-prob, update and weight sync loads them over PCIe first and offloads after.
+        optimizer_offload: Adam's state lives on the host between updates (``actor.fsdp_config.optimizer_offload``):
+            each update loads and offloads it over PCIe.
+        gpu_memory_utilization: share of each GPU's memory the rollout engine reserves for its weights and KV cache
+            (``rollout.gpu_memory_utilization``; caps the KV cache, hence how many requests run at once); ``None``:
+            whatever resident state leaves.
         steps: training steps.
         arrival_s: when the job joins the pool, seconds.
         weight: how much its completion counts for a multiplexing scheduler (> 0; 1 for every job by default).
@@ -94,6 +104,10 @@ class PipelineSpec:
     ref_model: bool = True
     rollout_tp: int = 1
     train_micro_batch_tokens: int = 16384
+    logprob_micro_batch_tokens: int | None = None
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    gpu_memory_utilization: float | None = None
     steps: int = 20
     arrival_s: float = 0.0
     weight: float = 1.0
@@ -102,6 +116,11 @@ class PipelineSpec:
     @property
     def critic(self) -> bool:
         return self.algorithm == "ppo"
+
+    @property
+    def logprob_tokens_per_gpu(self) -> int:
+        """Tokens per GPU in one log-prob micro-batch."""
+        return self.logprob_micro_batch_tokens or self.train_micro_batch_tokens
 
     @property
     def samples_per_step(self) -> int:
@@ -142,7 +161,8 @@ _MODEL_KEYS = {"params_b", "layers", "hidden", "kv_heads", "head_dim", "heads"}
 _PIPELINE_KEYS = {
     "name", "model", "algorithm", "mode", "max_staleness", "batch_prompts", "group_size", "prompt_len",
     "response_len", "ref_model", "rollout_tp", "train_micro_batch_tokens", "steps", "arrival_s",
-    "weight", "max_latency_inflation",
+    "weight", "max_latency_inflation", "logprob_micro_batch_tokens", "param_offload", "optimizer_offload",
+    "gpu_memory_utilization",
 }  # fmt: skip
 _CLUSTER_KEYS = {"gpu", "num_gpus", "gpus_per_node"}
 _TOP_KEYS = {"name", "seed", "cluster", "pipelines"}
@@ -181,6 +201,12 @@ class _Reader:
         if not positive and value < 0:
             raise self.fail(key, f"must be >= 0, got {value}")
         return float(value)
+
+    def fraction(self, value: Any, key: str) -> float:
+        number = self.number(value, key)
+        if number > 1:
+            raise self.fail(key, f"must be in (0, 1], got {number:g}")
+        return number
 
     def choice(self, value: Any, key: str, options: tuple[str, ...]) -> str:
         if value not in options:
@@ -284,6 +310,18 @@ def _pipeline(r: _Reader, raw: Any, key: str, cluster: ClusterSpec) -> PipelineS
         train_micro_batch_tokens=r.integer(
             raw.get("train_micro_batch_tokens", 16384), f"{key}.train_micro_batch_tokens"
         ),
+        logprob_micro_batch_tokens=(
+            None
+            if raw.get("logprob_micro_batch_tokens") is None
+            else r.integer(raw["logprob_micro_batch_tokens"], f"{key}.logprob_micro_batch_tokens")
+        ),
+        param_offload=r.boolean(raw.get("param_offload", False), f"{key}.param_offload"),
+        optimizer_offload=r.boolean(raw.get("optimizer_offload", False), f"{key}.optimizer_offload"),
+        gpu_memory_utilization=(
+            None
+            if raw.get("gpu_memory_utilization") is None
+            else r.fraction(raw["gpu_memory_utilization"], f"{key}.gpu_memory_utilization")
+        ),
         steps=r.integer(raw.get("steps", 20), f"{key}.steps"),
         arrival_s=r.number(raw.get("arrival_s", 0.0), f"{key}.arrival_s", positive=False),
         weight=r.number(raw.get("weight", 1.0), f"{key}.weight"),
@@ -299,11 +337,12 @@ def _pipeline(r: _Reader, raw: Any, key: str, cluster: ClusterSpec) -> PipelineS
     if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
         raise r.fail(f"{key}.rollout_tp", f"{tp} must divide gpus_per_node ({cluster.gpus_per_node})")
     longest = spec.prompt_len.max + spec.response_len.max
-    if spec.train_micro_batch_tokens < longest:
-        raise r.fail(
-            f"{key}.train_micro_batch_tokens",
-            f"{spec.train_micro_batch_tokens} cannot hold one sequence of prompt max + response max ({longest})",
-        )
+    for field in ("train_micro_batch_tokens", "logprob_micro_batch_tokens"):
+        tokens = getattr(spec, field)
+        if tokens is not None and tokens < longest:
+            raise r.fail(
+                f"{key}.{field}", f"{tokens} cannot hold one sequence of prompt max + response max ({longest})"
+            )
     _check_fits(r, spec, key, cluster)
     return spec
 
@@ -323,4 +362,12 @@ def _check_fits(r: _Reader, spec: PipelineSpec, key: str, cluster: ClusterSpec) 
             f"{key}.rollout_tp",
             f"{model.name} does not fit in GPU memory: a rollout replica of {spec.rollout_tp} x {gpu.name} cannot "
             f"hold its weights plus the KV cache of one {longest}-token sequence",
+        )
+    gmu = spec.gpu_memory_utilization
+    if gmu is not None and kv_capacity_tokens(model, gpu, tp=spec.rollout_tp, gpu_memory_utilization=gmu) < longest:
+        need = (rollout_weight_bytes(model) + longest * model.kv_bytes_per_token) / (spec.rollout_tp * gpu.memory_bytes)
+        raise r.fail(
+            f"{key}.gpu_memory_utilization",
+            f"{gmu:g} of {spec.rollout_tp} x {gpu.name} cannot hold {model.name}'s weights plus the KV cache of one "
+            f"{longest}-token sequence; at least {math.ceil(need * 100) / 100:g} would",
         )

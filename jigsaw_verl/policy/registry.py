@@ -70,19 +70,23 @@ class PolicyEntry:
             ``split_search``, the others ignore it.
         needs: the execution features every configuration uses, whatever the workload.
         description: one line for listings.
+        ordered: its configurations vary one quantity in order (RollMux: the rollout pool's size), so an executor
+            may search them for the fastest rather than run every one (the simulator's pruned search).
     """
 
     name: str
     build: Callable[..., list[Policy]]
     needs: frozenset[str]
     description: str
+    ordered: bool = False
 
 
 POLICIES: Registry[PolicyEntry] = Registry("policy")
 
 
-def _add(name: str, build: Callable[..., list[Policy]], description: str, *needs: str) -> None:
-    POLICIES.register(name)(PolicyEntry(name=name, build=build, needs=frozenset(needs), description=description))
+def _add(name: str, build: Callable[..., list[Policy]], description: str, *needs: str, ordered: bool = False) -> None:
+    entry = PolicyEntry(name=name, build=build, needs=frozenset(needs), description=description, ordered=ordered)
+    POLICIES.register(name)(entry)
 
 
 def _workload_only(factory: Callable[[WorkloadSpec], list[Policy]]) -> Callable[..., list[Policy]]:
@@ -113,7 +117,12 @@ _add(
     "overlapping",
     "interruptible",
 )
-_add("rollmux", _workload_only(rollmux), "RollMux-style: phase round-robin over a rollout and a training pool")
+_add(
+    "rollmux",
+    _workload_only(rollmux),
+    "RollMux-style: phase round-robin over a rollout and a training pool",
+    ordered=True,
+)
 # NOTE: jigsaw keeps each pipeline's declared mode, so its bounded staleness is only used by pipelines declared
 # async: no feature is needed whatever the workload.
 _add("greedy", _jigsaw("greedy", horizon=0, migration=False), "JigsawRL first-fit with co-location, no look-ahead")

@@ -67,9 +67,15 @@ class DeviceMemory:
         """The most any GPU of ``group`` holds besides ``key``, bytes."""
         return max(sum(b for k, b in self.resident[g].items() if k != key) for g in group)
 
-    def kv_room(self, model: ModelSpec, tp: int, group: tuple[int, ...], key: tuple) -> int:
-        """KV tokens a replica ``key`` on ``group`` can hold beside the rest of what is resident there."""
-        return kv_capacity_tokens(model, self.gpu, tp=tp, other_resident_bytes=self.others(group, key))
+    def kv_room(
+        self, model: ModelSpec, tp: int, group: tuple[int, ...], key: tuple, gpu_memory_utilization: float | None = None
+    ) -> int:
+        """KV tokens a replica ``key`` on ``group`` can hold beside the rest of what is resident there (and within
+        its engine's ``gpu_memory_utilization``)."""
+        others = self.others(group, key)
+        return kv_capacity_tokens(
+            model, self.gpu, tp=tp, other_resident_bytes=others, gpu_memory_utilization=gpu_memory_utilization
+        )
 
     def evict(self, key: tuple) -> None:
         """Drop ``key`` from every GPU that holds it."""
@@ -83,10 +89,18 @@ class DeviceMemory:
             for k in [k for k in self.resident[g] if k not in pinned and k[0] != pipeline]:
                 self.evict(k)
 
-    def kv_for_replica(self, model: ModelSpec, tp: int, group: tuple[int, ...], key: tuple, longest: int) -> int:
+    def kv_for_replica(
+        self,
+        model: ModelSpec,
+        tp: int,
+        group: tuple[int, ...],
+        key: tuple,
+        longest: int,
+        gpu_memory_utilization: float | None = None,
+    ) -> int:
         """The KV room of a new replica; when idle state left no room for even one request, evict it (LRU) for a
         few."""
-        cap = self.kv_room(model, tp, group, key)
+        cap = self.kv_room(model, tp, group, key, gpu_memory_utilization)
         if cap < longest:
             pinned = self.pinned() | {key}
             while cap < 4 * longest:
@@ -94,7 +108,7 @@ class DeviceMemory:
                 if victim is None:
                     break
                 self.evict(victim)
-                cap = self.kv_room(model, tp, group, key)
+                cap = self.kv_room(model, tp, group, key, gpu_memory_utilization)
         return cap
 
     def make_resident(self, gpus: tuple[int, ...], key: tuple, bytes_per_gpu: float) -> float:

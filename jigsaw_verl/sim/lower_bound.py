@@ -71,7 +71,7 @@ def _rollout_work(spec: PipelineSpec, cost: CostModel, s: StepSamples) -> Work:
     steps = r - 1.0  # prefill yields the first token
     tokens = float(steps.sum())
     ctx_sum = float((steps * p + steps * (steps + 1.0) / 2.0).sum())
-    cap = kv_capacity_tokens(spec.model, cost.gpu, tp=tp)
+    cap = kv_capacity_tokens(spec.model, cost.gpu, tp=tp, gpu_memory_utilization=spec.gpu_memory_utilization)
     replica_steps = max(tokens / MAX_NUM_SEQS, ctx_sum / cap)
     c = cost.decode_coeffs(spec.model, tp)
     return cost.decode_work(c, tp, replica_steps, tokens, ctx_sum) + cost.prefill_work(

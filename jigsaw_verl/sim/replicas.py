@@ -26,7 +26,7 @@ from jigsaw_verl.model.spec import PipelineSpec
 from jigsaw_verl.policy.interface import ExecutionMode, Migrate
 from jigsaw_verl.pool.progress import PipelineProgress
 from jigsaw_verl.pool.timeline import MigrationRecord, Slice
-from jigsaw_verl.sim.tasks import Engine, Task
+from jigsaw_verl.sim.tasks import EPS, Engine, Task
 
 
 class SimulationError(RuntimeError):
@@ -98,7 +98,7 @@ class ReplicaRunner:
         spec, tp = ps.spec, ps.spec.rollout_tp
         key = (spec.name, "rollout", group)
         load_s = self.memory.make_resident(group, key, rollout_weight_bytes(spec.model) / tp)
-        cap = self.memory.kv_for_replica(spec.model, tp, group, key, longest)
+        cap = self.memory.kv_for_replica(spec.model, tp, group, key, longest, spec.gpu_memory_utilization)
         eng = Engine(
             group,
             pipeline=spec.name,
@@ -153,10 +153,17 @@ class ReplicaRunner:
     # ---- replica events --------------------------------------------------------------------------------------
     def _on_engine(self, e: Engine) -> None:
         # NOTE: the event is due. A slowed-down engine advances to its own event time, so float rounding of its
-        # local clock can never leave the event pending; a never-slowed one sees the simulator's clock as is.
+        # local clock can never leave the event pending; a never-slowed one sees the simulator's clock, or its own
+        # event time where that is up to EPS later (the heap pops events within EPS of now: advancing to now alone
+        # would leave such an event pending and re-armed at the same moment, for ever).
         sim, local, rate = e.marks[-1]
         exact = sim == local and rate == 1.0
-        done, acts = e.engine.advance(self.now if exact else max(self._local(e), e.engine.next_event_s()))
+        due = e.engine.next_event_s()
+        if exact:
+            target = self.now if due is None else max(self.now, min(due, self.now + EPS))
+        else:
+            target = max(self._local(e), due)
+        done, acts = e.engine.advance(target)
         ps = self.pipes[e.pipeline]
         self._record_acts(e, acts)
         for req, t, generated in done:

@@ -46,9 +46,8 @@ from jigsaw_verl.pool.timeline import StageRecord
 from jigsaw_verl.sim.device_memory import DeviceMemory, OutOfDeviceMemory
 from jigsaw_verl.sim.replicas import ReplicaRunner, SimPipe, SimulationError
 from jigsaw_verl.sim.result import SimResult
-from jigsaw_verl.sim.tasks import Engine, Gang, Task
+from jigsaw_verl.sim.tasks import EPS, Engine, Gang, Task
 
-EPS = 1e-9
 _ARRIVE, _TASK = 0, 1
 
 __all__ = ["SimResult", "SimulationError", "Simulator"]

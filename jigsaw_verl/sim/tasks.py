@@ -13,6 +13,9 @@ from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.rollout_engine import ReplicaEngine
 from jigsaw_verl.pool.holds import Hold
 
+# Events within EPS seconds of each other happen at one moment of the simulator's clock.
+EPS = 1e-9
+
 
 @dataclass(eq=False)
 class Task:

@@ -50,7 +50,14 @@ def fits_colocated(spec: PipelineSpec, workload: WorkloadSpec, gpus: int) -> boo
     if train + rollout_weight_bytes(spec.model) / spec.rollout_tp > usable_bytes(gpu):
         return False
     longest = spec.prompt_len.max + spec.response_len.max
-    return kv_capacity_tokens(spec.model, gpu, tp=spec.rollout_tp, other_resident_bytes=train) >= longest
+    cap = kv_capacity_tokens(
+        spec.model,
+        gpu,
+        tp=spec.rollout_tp,
+        other_resident_bytes=train,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+    )
+    return cap >= longest
 
 
 def min_train(spec: PipelineSpec, workload: WorkloadSpec) -> int:

@@ -176,13 +176,16 @@ class LookAheadPolicy:
         self, snap: Snapshot, r: ReadyStage, home: tuple[int, ...], plan: _FirstFit
     ) -> StartStage | None:
         """An update or sync on the GPUs holding its training state: it waits for them rather than re-shard from
-        host, joining the long-tail replicas on them when co-location is on (not where this plan already starts
-        something: the snapshot's leases do not show those)."""
+        host; an update joins the long-tail replicas on them when co-location is on (not where this plan already
+        starts something: the snapshot's leases do not show those). A sync never does: the live executor grants
+        no weight sync beside a rollout (:meth:`~jigsaw_verl.runtime.executor.LiveExecutor._may_share`)."""
         busy = [g for g in home if g not in plan.free]
         if plan.started.intersection(busy):
             return None
         if not busy:
             return StartStage(r.pipeline, r.step, r.stage, tuple(home))
+        if r.stage == WEIGHT_SYNC:  # it wakes the engines: never beside another pipeline's rollout (as live)
+            return None
         if self.knobs.colocation and self._joinable(snap, r.pipeline, LOGPROB, busy, len(home)) == busy:
             return StartStage(r.pipeline, r.step, r.stage, tuple(home), 1.0 - self.planning.tail_share)
         return None
@@ -224,7 +227,7 @@ class LookAheadPolicy:
         gain = r.stage == LOGPROB and speed * (len(gpus) + len(joint)) > len(gpus) * 1.25
         if joint and (len(gpus) < need or gain):
             if r.stage == ROLLOUT:
-                joint = joint[: len(joint) // unit * unit] if unit == 1 else []
+                joint = joint[: len(joint) // unit * unit]  # whole replicas of the rollout's TP size
             cand = sorted(gpus + joint)
             if len(cand) >= need:
                 return cand, m.tail_share if r.stage == ROLLOUT else 1.0 - m.tail_share
@@ -249,8 +252,8 @@ class LookAheadPolicy:
 
     def _lease_arrays(self, snap: Snapshot) -> tuple:
         """Per GPU: held by exactly one lease; its pipeline's index; whether it is a rollout replica; whether a
-        newcomer may join it (a gang, or a replica in its memory-bound tail); free bytes. Cached for the last
-        snapshot (held, so its identity is not reused)."""
+        newcomer may join it (a gang other than a weight sync, or a replica in its memory-bound tail); free bytes.
+        Cached for the last snapshot (held, so its identity is not reused)."""
         if self._leases is not None and self._leases[0] is snap:
             return self._leases[1]
         n, tail_live, index = snap.num_gpus, self.knobs.colocate_live_per_replica, self.planning.index
@@ -261,7 +264,8 @@ class LookAheadPolicy:
             if len(leases) == 1:
                 lease = leases[0]
                 single[g], pipe[g], roll[g] = True, index[lease.pipeline], lease.stage == ROLLOUT
-                ok[g] = lease.replica is None or lease.replica in tail
+                # NOTE: nothing joins a weight sync: it hands its slots over to its own rollout (as live)
+                ok[g] = lease.stage != WEIGHT_SYNC and (lease.replica is None or lease.replica in tail)
         arrays = (single, pipe, roll, ok, np.asarray(snap.free_bytes, dtype=float))
         self._leases = (snap, arrays)
         return arrays

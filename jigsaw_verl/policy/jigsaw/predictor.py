@@ -108,7 +108,9 @@ class Predictor:
             one = replace(spec, steps=1, name=f"{spec.name}#prior")
             samples = sample_steps(one, self.seed + PRIOR_SEED_OFFSET)[0]
             tp = spec.rollout_tp
-            cap = kv_capacity_tokens(spec.model, self.cost.gpu, tp=tp)
+            cap = kv_capacity_tokens(
+                spec.model, self.cost.gpu, tp=tp, gpu_memory_utilization=spec.gpu_memory_utilization
+            )
             roll = {}
             for g in _widths(tp, self.n, tp * spec.samples_per_step):
                 chains = rollout_nodes(spec, self.cost, samples, g // tp, cap)

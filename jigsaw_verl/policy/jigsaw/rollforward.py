@@ -207,7 +207,7 @@ class RollForward:
         are looked up only for the moment chosen."""
         m = self.planning
         need = m.specs[name].rollout_tp if stage == ROLLOUT else m.rm.min_train[name]
-        joins = stage != ROLLOUT and m.knobs.colocation
+        joins = stage in (LOGPROB, UPDATE) and m.knobs.colocation  # a weight sync never joins a tail (as live)
         me = m.index[name]
         es = np.sort(end)
         moments = self._moments(es, host, t, joins)
