@@ -141,3 +141,32 @@ def test_ledger_a_rollout_server_starts_as_vllm_does_and_charges_what_it_holds(r
     finally:
         ray.kill(ledger)
         ray.util.remove_placement_group(pg)
+
+
+def test_ledger_two_pipelines_asking_for_the_pool_at_once_get_one_placement_group_and_one_ledger(ray_session):
+    """Pipelines ask the group's scheduler (an async actor) for the pool concurrently: the second call comes while
+    the first awaits its placement group's placement, and must wait for that pool, not make a second one with the
+    same name (which Ray refuses: a run's second pipeline died with "name 'jigsaw-pool-mux' already exists")."""
+    from test_live_executor_on_cpu import _spec
+
+    from jigsaw_verl.model.slots import CPU_SLOT
+    from jigsaw_verl.runtime.ledger_actor import find_ledger
+    from jigsaw_verl.runtime.scheduler import CPU_RESOURCE, get_scheduler
+
+    ray = ray_session
+    scheduler = get_scheduler("pool-race", num_slots=2, gpu=CPU_SLOT, policy="jigsaw", max_pipelines=2)
+    placements = []
+    try:
+        for name in ("a", "b"):
+            ray.get(scheduler.join.remote(_spec(name), 1))
+        placements = ray.get([scheduler.pool.remote(CPU_RESOURCE, name) for name in ("a", "b")])
+        assert placements[0].placement_group.id == placements[1].placement_group.id
+        assert sorted(p.first_slot for p in placements) == [0, 1]
+        assert find_ledger(placements[0].placement_group.id.hex()) is not None
+    finally:
+        ledger = find_ledger(placements[0].placement_group.id.hex()) if placements else None
+        for actor in (scheduler, ledger):
+            if actor is not None:
+                ray.kill(actor)
+        if placements:
+            ray.util.remove_placement_group(placements[0].placement_group)

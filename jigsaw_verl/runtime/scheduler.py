@@ -74,6 +74,8 @@ class MuxScheduler:
         self.group = group
         self.max_pipelines = max_pipelines
         self._pool: tuple[str, PoolPlacement] | None = None
+        # pipelines ask for the pool concurrently (an async actor): the first makes it, the others wait for it
+        self._pool_made = asyncio.Lock()
         self.slot_memory_bytes = gpu.memory_bytes
         self._ledger = None  # the CPU backend's device-memory ledger, made with the pool
         self._placed: dict[str, list[dict]] = {}
@@ -129,33 +131,37 @@ class MuxScheduler:
         """The pool's placement group, made at the first call: one bundle per slot, shaped as verl shapes its
         own, with room in each for one worker of every pipeline the group may hold; and where in it the (joined)
         ``pipeline`` places its workers (its home slots)."""
-        if self._pool is None:
-            from ray.util.placement_group import placement_group
-
-            colocate = VERL_COLOCATE * self.max_pipelines
-            bundle = pool_bundle(device_resource, colocate)
-            pg = placement_group(
-                [dict(bundle) for _ in range(self.executor.num_slots)],
-                strategy="STRICT_PACK",
-                name=f"jigsaw-pool-{self.group}",
-            )
-            try:
-                await asyncio.wait_for(pg.ready(), timeout=POOL_READY_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                ray.util.remove_placement_group(pg)
-                raise RuntimeError(
-                    f"group {self.group!r}: the Ray cluster cannot place a pool of {self.executor.num_slots} slots "
-                    f"of {bundle} on one node within {POOL_READY_TIMEOUT_S:.0f} s"
-                ) from None
-            self._pool = (device_resource, PoolPlacement(pg, colocate, self.executor.num_slots))
-            if device_resource == CPU_RESOURCE:  # the CPU enforces no device memory: the ledger does
-                self._ledger = create_ledger(pg.id.hex(), self.executor.num_slots, self.slot_memory_bytes, self.t0)
-                await self._ledger.__ray_ready__.remote()
+        async with self._pool_made:  # a call that comes while the first awaits the placement waits for it
+            if self._pool is None:
+                await self._make_pool(device_resource)
         if self._pool[0] != device_resource:
             raise ValueError(
                 f"group {self.group!r} pools {self._pool[0]} slots; a pipeline on {device_resource} cannot join it"
             )
         return replace(self._pool[1], first_slot=self.executor.home(pipeline)[0])
+
+    async def _make_pool(self, device_resource: str) -> None:
+        from ray.util.placement_group import placement_group
+
+        colocate = VERL_COLOCATE * self.max_pipelines
+        bundle = pool_bundle(device_resource, colocate)
+        pg = placement_group(
+            [dict(bundle) for _ in range(self.executor.num_slots)],
+            strategy="STRICT_PACK",
+            name=f"jigsaw-pool-{self.group}",
+        )
+        try:
+            await asyncio.wait_for(pg.ready(), timeout=POOL_READY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            ray.util.remove_placement_group(pg)
+            raise RuntimeError(
+                f"group {self.group!r}: the Ray cluster cannot place a pool of {self.executor.num_slots} slots "
+                f"of {bundle} on one node within {POOL_READY_TIMEOUT_S:.0f} s"
+            ) from None
+        self._pool = (device_resource, PoolPlacement(pg, colocate, self.executor.num_slots))
+        if device_resource == CPU_RESOURCE:  # the CPU enforces no device memory: the ledger does
+            self._ledger = create_ledger(pg.id.hex(), self.executor.num_slots, self.slot_memory_bytes, self.t0)
+            await self._ledger.__ray_ready__.remote()
 
     async def memory(self) -> dict | None:
         """The device-memory ledger's timeline (``memory.json``), or ``None`` when the pool has none (GPUs)."""
