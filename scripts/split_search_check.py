@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write all figures here")
     args = ap.parse_args(argv)
     bundled = [load_workload(f) for f in bundled_workloads()]
-    longcot = next(w for w in bundled if w.name.startswith("longcot"))
+    longcot = next(w for w in bundled if w.name.startswith("longcot-qwen3"))
     big = scaled(longcot, 64, 8)
     searches = [row for w in bundled for row in compare_searches(w)]
     if not args.skip_exhaustive_at_scale:

@@ -95,7 +95,14 @@ def test_migration_loses_and_duplicates_no_token():
     check_all(w, r)  # every response generated exactly its length, finished exactly once
     assert r.migrations and sum(m.requests for m in r.migrations) > 0
     assert r.reprefill_tokens >= sum(m.reprefill_tokens for m in r.migrations) > 0
-    assert any(s.name == "reprefill" for s in r.slices)
+    # each migration that moved generated tokens re-prefills them on its targets at once (a "reprefill" slice, or a
+    # "prefill" one when the targets also admit requests that never started)
+    for m in (m for m in r.migrations if m.reprefill_tokens):
+        assert any(
+            s.name in ("prefill", "reprefill") and set(s.gpus) & set(m.targets) and abs(s.start_s - m.time_s) < 1e-9
+            for s in r.slices
+            if s.pipeline == m.pipeline
+        ), m
 
 
 def test_simulator_rejects_bad_actions():
@@ -299,3 +306,25 @@ def test_a_tensor_parallel_rollout_starts_beside_another_pipelines_training(name
     assert beside and all(x.sm_shares and y.sm_shares for x, y in beside[:20])
     a_done = max(s.end_s for s in r.stages if s.pipeline == "a")
     assert min(s.start_s for s in b_rollouts) < a_done / 2  # b does not wait for all of a's steps
+
+
+def test_a_sync_pipelines_weight_sync_is_charged_verls_hybrid_engine_switch():
+    """Live, a sync pipeline runs verl's synchronous trainer with its hybrid engine: every step's weight sync
+    reshards in place and wakes the engine slept after the rollout. The simulator charges jigsaw exactly that
+    (``CostModel.weight_sync_colocated``), not the cheaper broadcast to separate rollout GPUs it was charged
+    before, and the predictor's prior of the sync is the same figure."""
+    from jigsaw_verl.model.graph import WEIGHT_SYNC
+
+    w = workload_from_dict(TAILS, "tails")
+    cost = CostModel(w.cluster.gpu, gpus_per_node=w.cluster.gpus_per_node)
+    (policy,) = configurations("jigsaw", w)
+    assert all(policy.mode(p.name).colocated for p in w.pipelines)
+    r = Simulator(w, policy).run()
+    syncs = [s for s in r.slices if s.stage == WEIGHT_SYNC]
+    assert syncs
+    for s in syncs:
+        spec = w.pipeline(s.pipeline)
+        assert s.end_s - s.start_s == pytest.approx(cost.weight_sync_colocated(spec.model, len(s.gpus)), rel=1e-6)
+        assert s.end_s - s.start_s > cost.weight_sync_transfer(spec.model, len(s.gpus), len(s.gpus), same_node=True)
+    prior = policy.planning.pred.prior("a")[WEIGHT_SYNC]
+    assert prior[2] == pytest.approx(cost.weight_sync_colocated(w.pipeline("a").model, 2))

@@ -18,6 +18,7 @@ def test_bundled_workloads_load():
     assert names == [
         "gsm8k-qwen3-4b-x2-8xh100",
         "hetero-mixed-16xa100",
+        "longcot-async-qwen3-4b-x2-8xh100",
         "longcot-qwen3-4b-x2-8xh100",
         "paper-qwen3-4b-x2-4xh100",
     ]

@@ -78,7 +78,7 @@ def test_an_engine_event_due_within_the_clocks_tolerance_is_not_re_armed_for_eve
     from jigsaw_verl.policy.baselines.placement import role_splits
     from jigsaw_verl.sim.split_search import alone_makespan_s
 
-    (path,) = [p for p in bundled_workloads() if p.name.startswith("longcot")]
+    (path,) = [p for p in bundled_workloads() if p.name.startswith("longcot-qwen3")]
     big = scaled(load_workload(path), 64, 8)
     spec = big.pipeline("b-3")
     split = role_splits(spec, big, tuple(range(64)))[31]

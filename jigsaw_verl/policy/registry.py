@@ -123,8 +123,9 @@ _add(
     "RollMux-style: phase round-robin over a rollout and a training pool",
     ordered=True,
 )
-# NOTE: jigsaw keeps each pipeline's declared mode, so its bounded staleness is only used by pipelines declared
-# async: no feature is needed whatever the workload.
+# NOTE: jigsaw keeps each pipeline's declared mode: only pipelines declared async use staleness (with AReaL's
+# overlapping, interruptible rollouts), so no feature is needed whatever the workload; the live executor checks
+# each joined pipeline's mode (verl's sync trainer: none).
 _add("greedy", _jigsaw("greedy", horizon=0, migration=False), "JigsawRL first-fit with co-location, no look-ahead")
 _add("jigsaw", _jigsaw("jigsaw"), "JigsawRL: look-ahead, tail migration and co-location")
 _add("jigsaw-no-migration", _jigsaw("jigsaw-no-migration", migration=False), "jigsaw without tail migration")

@@ -21,11 +21,22 @@ import numpy as np
 
 from jigsaw_verl.model.cost_model import CostModel
 from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
-from jigsaw_verl.model.spec import WorkloadSpec
+from jigsaw_verl.model.spec import PipelineSpec, WorkloadSpec
 from jigsaw_verl.policy.interface import ExecutionMode, ReadyStage, SchedulerOutput, Snapshot, StartStage
 from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
 from jigsaw_verl.policy.jigsaw.planning import PlanningModel, fair_share
 from jigsaw_verl.policy.jigsaw.rollforward import RollForward
+
+
+def _mode(spec: PipelineSpec) -> ExecutionMode:
+    """A sync pipeline runs on-policy, stage by stage, as the live runtime runs it: verl's synchronous trainer with
+    its hybrid engine, whose weight sync reshards in place and wakes the slept engine every step (``colocated``:
+    the switch is charged, as verl's own is). An async one uses the staleness it declares as AReaL does: step k's
+    requests join replicas still generating step k - 1 once version k - ``max_staleness`` exists, new weights
+    interrupt live requests, which re-prefill and go on, and the sync broadcasts to the rollout replicas."""
+    if spec.mode != "async":
+        return ExecutionMode(staleness=0, colocated=True)
+    return ExecutionMode(staleness=spec.max_staleness, overlap_rollouts=True, interrupt_on_update=True, colocated=False)
 
 
 class _FirstFit:
@@ -78,11 +89,9 @@ class LookAheadPolicy:
             f"horizon {knobs.horizon}, {knobs.max_candidates} candidates, "
             f"migration {'on' if knobs.migration else 'off'}, co-location {'on' if knobs.colocation else 'off'}"
         )
-        self.planning = PlanningModel(workload, knobs, cost)
-        self.modes = {
-            p.name: ExecutionMode(staleness=p.max_staleness if p.mode == "async" else 0, colocated=False)
-            for p in workload.pipelines
-        }
+        self.modes = {p.name: _mode(p) for p in workload.pipelines}
+        hybrid = frozenset(name for name, mode in self.modes.items() if mode.colocated)
+        self.planning = PlanningModel(workload, knobs, cost, hybrid_sync=hybrid)
         self._leases: tuple | None = None  # the last snapshot's per-GPU lease arrays (see _lease_arrays)
         self._bytes: dict[tuple[str, str, int], float] = {}  # ResourceManager.stage_bytes, memoised
 

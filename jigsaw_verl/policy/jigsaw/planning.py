@@ -36,6 +36,7 @@ class PlanningModel:
         workload: the pool and pipelines.
         knobs: the scheduler's knobs.
         cost: cost model (the workload GPU's by default).
+        hybrid_sync: pipelines whose weight sync is verl's hybrid-engine reshard and wake (the others broadcast).
 
     Attributes:
         knobs: the knobs.
@@ -51,7 +52,14 @@ class PlanningModel:
         alone_step_s: per pipeline, the prior's step on the whole pool.
     """
 
-    def __init__(self, workload: WorkloadSpec, knobs: JigsawKnobs, cost: CostModel | None = None):
+    def __init__(
+        self,
+        workload: WorkloadSpec,
+        knobs: JigsawKnobs,
+        cost: CostModel | None = None,
+        *,
+        hybrid_sync: frozenset[str] = frozenset(),
+    ):
         self.knobs = knobs
         self.cost = cost or CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
         self.n = workload.cluster.num_gpus
@@ -64,7 +72,7 @@ class PlanningModel:
                 p.name: min_train_gpus(p.model, gpu, critic=p.critic, ref_model=p.ref_model) for p in workload.pipelines
             },
         )
-        self.pred = Predictor(workload.pipelines, self.cost, self.n, workload.seed)
+        self.pred = Predictor(workload.pipelines, self.cost, self.n, workload.seed, hybrid_sync=hybrid_sync)
         table = (
             InterferenceTable.load(knobs.interference_file)
             if knobs.interference_file

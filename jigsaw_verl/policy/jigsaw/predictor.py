@@ -33,6 +33,7 @@ from jigsaw_verl.model.graph import (
     rollout_nodes,
     step_requests,
     update_nodes,
+    weight_sync_node,
 )
 from jigsaw_verl.model.lengths import sample_steps
 from jigsaw_verl.model.memory import kv_capacity_tokens
@@ -81,10 +82,22 @@ class Predictor:
         num_gpus: pool size.
         seed: the workload seed (offset so the prior never sees the run's lengths).
         window: steps the online correction looks back.
+        hybrid_sync: pipelines whose weight sync is verl's hybrid-engine reshard and wake on its training GPUs;
+            the others broadcast to as many rollout GPUs.
     """
 
-    def __init__(self, specs: tuple[PipelineSpec, ...], cost: CostModel, num_gpus: int, seed: int, window: int = 3):
+    def __init__(
+        self,
+        specs: tuple[PipelineSpec, ...],
+        cost: CostModel,
+        num_gpus: int,
+        seed: int,
+        window: int = 3,
+        *,
+        hybrid_sync: frozenset[str] = frozenset(),
+    ):
         self.specs = {p.name: p for p in specs}
+        self.hybrid_sync = hybrid_sync
         self.cost, self.n, self.seed, self.window = cost, num_gpus, seed, window
         self._prior: dict[str, dict[str, dict[int, float]]] = {}
         self._curves: dict[str, tuple[float, ...]] = {}
@@ -117,12 +130,15 @@ class Predictor:
                 roll[g] = max(sum(n.duration_s for n in c) for c in chains)
             self._curves[name] = self._finish_offsets(spec, samples, max(1, min(self.n, 8) // tp), cap)
             seq = (samples.prompt_len + samples.response_len).astype(np.int64)
-            lp, up = {}, {}
+            lp, up, sync = {}, {}, {}
+            hybrid = name in self.hybrid_sync
             for g in _widths(1, self.n, 64):
                 lp[g] = sum(n.duration_s for n in logprob_nodes(spec, self.cost, 0, g, seq))
                 up[g] = sum(n.duration_s for n in update_nodes(spec, self.cost, 0, g, seq))
-            sync = self.cost.weight_sync_transfer(spec.model, 1, 1, same_node=True)
-            self._prior[name] = {ROLLOUT: roll, LOGPROB: lp, UPDATE: up, WEIGHT_SYNC: {1: sync}}
+                same_node = g <= self.cost.gpus_per_node
+                node = weight_sync_node(spec, self.cost, 0, g, colocated=hybrid, rollout_gpus=g, same_node=same_node)
+                sync[g] = node.duration_s
+            self._prior[name] = {ROLLOUT: roll, LOGPROB: lp, UPDATE: up, WEIGHT_SYNC: sync}
         return self._prior[name]
 
     def correction(self, name: str, history: tuple[StageTiming, ...], stage: str) -> float:

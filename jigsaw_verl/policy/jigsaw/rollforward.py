@@ -147,6 +147,7 @@ class RollForward:
                 for i in a.targets:
                     end[list(self.replica_gpus[i])] = stop
                 state[a.pipeline] = (stop, LOGPROB, state[a.pipeline][2], 1)
+        early: dict[str, tuple[int, float]] = {}  # pipeline -> (step, end) of a rollout started ahead of its chain
         for a in actions:
             if isinstance(a, StartStage):
                 d = self.dur(a.pipeline, a.stage, len(a.gpus))
@@ -159,7 +160,10 @@ class RollForward:
                     end[busy] = now + (end[busy] - now) / partner
                     d = d if a.stage == ROLLOUT else d / m.train_speed
                 self._occupy(end, host, owner, idx, now, d, a.pipeline, a.stage)
-                state[a.pipeline] = (now + d, NEXT_STAGE[a.stage], a.step + (a.stage == WEIGHT_SYNC), 1)
+                if a.stage == ROLLOUT and state.get(a.pipeline, (now, ROLLOUT, a.step))[1:3] != (ROLLOUT, a.step):
+                    early[a.pipeline] = (a.step, now + d)  # overlapping an earlier step: its chain gets here later
+                else:
+                    state[a.pipeline] = (now + d, NEXT_STAGE[a.stage], a.step + (a.stage == WEIGHT_SYNC), 1)
         heap = [(t, m.index[name], name, stage, step, depth) for name, (t, stage, step, depth) in state.items()]
         heapq.heapify(heap)
         total, worst = 0.0, 0.0
@@ -172,7 +176,11 @@ class RollForward:
                 total += spec.weight * (t - now) + 10.0 * spec.weight * excess
                 worst = max(worst, spec.weight * (t - now))
                 continue
-            stop = self._place(end, host, owner, home, name, stage, t)
+            ahead = early.get(name)
+            if ahead is not None and (stage, step) == (ROLLOUT, ahead[0]):
+                stop = max(t, ahead[1])  # already running
+            else:
+                stop = self._place(end, host, owner, home, name, stage, t)
             heapq.heappush(heap, (stop, i, name, NEXT_STAGE[stage], step + (stage == WEIGHT_SYNC), depth + 1))
         return worst + total / max(1, len(m.specs))
 
