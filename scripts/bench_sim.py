@@ -7,8 +7,9 @@ Per bundled workload and policy (every figure from one process, side by side, on
 makespan, tokens/s, the ratio to ``verl`` and to the best of ``streamrl``/``areal``/``rollmux`` (> 1 is faster),
 makespan over the lower bound of the staleness the policy uses, mean and max per-pipeline latency inflation,
 requests migrated, and the GPU time re-prefill took as a share of the GPU time migrations freed. The ablations
-are in the same table: ``jigsaw-no-migration``, ``jigsaw-no-colocation`` and ``greedy`` (no look-ahead). The
-predictor's error per stage is reported for ``jigsaw``.
+are in the same table: ``jigsaw-no-migration``, ``jigsaw-no-colocation`` and ``greedy`` (no look-ahead), and on
+the elastic-tail what-if (the long-CoT workload with ``rollout_elastic_tp: 4``, simulation only)
+``jigsaw-no-elastic-tail``. The predictor's error per stage is reported for ``jigsaw``.
 
 Decision latency: synthetic workloads of 8 GPUs x 2 pipelines, 64 x 8 and 1024 x 64 are simulated under
 ``greedy``, the first two to their end, the last for its first minute of simulating (its whole run with
@@ -19,14 +20,15 @@ sampled (p50/p99 over snapshots of one call, the median of 3 per snapshot, this 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 
 import numpy as np
 
-from jigsaw_verl.model.spec import workload_from_dict
-from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
+from jigsaw_verl.model.spec import WorkloadSpec, workload_from_dict
+from jigsaw_verl.model.workload_file import BUNDLED_DIR, bundled_workloads, load_workload
 from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
 from jigsaw_verl.policy.jigsaw.lookahead import LookAheadPolicy
 from jigsaw_verl.sim.predictor_report import predictor_error
@@ -45,6 +47,9 @@ POLICIES = [
     "jigsaw",
 ]
 PEERS = ("streamrl", "areal", "rollmux")
+# What-ifs: a bundled workload whose pipelines may move their tails onto wider replicas (``rollout_elastic_tp``;
+# simulation only, verl 0.9.1 builds replicas at one TP), benchmarked with the ``jigsaw-no-elastic-tail`` ablation.
+ELASTIC_WHAT_IFS = (("longcot-qwen3-4b-x2-8xh100", 4),)
 SCALES = ((8, 2), (64, 8), (1024, 64))
 SAMPLING_BUDGET_S = 60.0  # seconds of simulating 1024 x 64 before sampling stops (unless --whole-run-at-scale)
 
@@ -57,11 +62,17 @@ def migration_figures(result) -> tuple[int, float, float]:
     return moved, (reprefill if result.migrations else 0.0), freed
 
 
-def bench_workload(path) -> dict:
-    w = load_workload(path)
+def with_elastic_tail(w: WorkloadSpec, tp: int) -> WorkloadSpec:
+    """``w`` with every pipeline's tail allowed to move onto a replica of ``tp`` GPUs (a what-if: simulation only)."""
+    pipes = tuple(dataclasses.replace(p, rollout_elastic_tp=tp) for p in w.pipelines)
+    return dataclasses.replace(w, name=f"{w.name}+elastic-tp{tp}", pipelines=pipes)
+
+
+def bench_workload(w: WorkloadSpec, extra: tuple[str, ...] = ()) -> dict:
     runner = Runner(w, progress=lambda line: print(f"  {w.name}: {line}", file=sys.stderr))
-    infeasible = runner.infeasible(POLICIES)
-    rep = runner.report([p for p in POLICIES if p not in infeasible])
+    policies = POLICIES + list(extra)
+    infeasible = runner.infeasible(policies)
+    rep = runner.report([p for p in policies if p not in infeasible])
     peers = [rep.metrics[p].makespan_s for p in PEERS if p in rep.metrics]
     peer = min(peers) if peers else None
     out = {"workload": w.name, "lower_bound_s": rep.lower_bound.makespan_s, "policies": {}, "infeasible": infeasible}
@@ -212,7 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     start = time.time()
-    results = [] if args.latency_only else [bench_workload(f) for f in bundled_workloads()]
+    results = []
+    if not args.latency_only:
+        results = [bench_workload(load_workload(f)) for f in bundled_workloads()]
+        for name, tp in ELASTIC_WHAT_IFS:
+            w = with_elastic_tail(load_workload(BUNDLED_DIR / f"{name}.yaml"), tp)
+            results.append(bench_workload(w, extra=("jigsaw-no-elastic-tail",)))
     latency = []
     for gpus, pipes in SCALES:
         print(f"  timing decisions at {gpus} x {pipes}", file=sys.stderr)

@@ -38,10 +38,15 @@ def check_no_gpu_oversubscribed(r: SimResult) -> None:
         assert max(t for t, _, _, _ in events) <= r.makespan_s + EPS
 
 
-def check_migrations(r: SimResult) -> None:
-    """Sources and targets of every migration are disjoint and each GPU appears once per migration."""
+def check_migrations(w: WorkloadSpec, r: SimResult) -> None:
+    """Sources and targets of every merge are disjoint, each GPU appears once per migration, and a tail move's
+    one replica is as wide as its GPUs, on one node."""
     for m in r.migrations:
-        assert not set(m.sources) & set(m.targets), m
+        if m.wide_tp:
+            assert len(m.targets) == m.wide_tp == len(set(m.targets)), m
+            assert len({g // w.cluster.gpus_per_node for g in m.targets}) == 1, m
+        else:
+            assert not set(m.sources) & set(m.targets), m
         assert len(set(m.sources)) == len(m.sources) and m.requests >= 0
 
 
@@ -90,4 +95,4 @@ def check_all(w: WorkloadSpec, r: SimResult) -> None:
     check_no_gpu_oversubscribed(r)
     check_no_sync_beside_another_rollout(r)
     check_dependencies(w, r)
-    check_migrations(r)
+    check_migrations(w, r)

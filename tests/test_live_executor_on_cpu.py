@@ -3,6 +3,8 @@ from the same core policies the simulator runs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from jigsaw_verl.integration.cpu.assets import build_tiny_assets
@@ -116,6 +118,10 @@ def test_bad_requests_are_refused():
         ex.finish("a", 0, "update", 0.0)
     with pytest.raises(PolicyRefused, match="jigsaw.mux.policy='nope' is unknown"):
         live_policy_factory("nope")
+    wide = dataclasses.replace(_spec("w"), rollout_elastic_tp=2)  # a tail move is simulation only
+    with pytest.raises(PolicyRefused, match="rollout_elastic_tp=2: verl 0.9.1 builds its rollout replicas at one"):
+        ex.join(wide, 2, 0.0)
+    assert "w" not in ex.pipes
 
 
 def test_homes_spread_pipelines_over_the_pool_and_every_grant_is_on_the_home():

@@ -14,9 +14,9 @@ from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.memory import min_train_gpus
 from jigsaw_verl.model.spec import SpecError, WorkloadSpec, workload_from_dict
 from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
-from jigsaw_verl.policy.interface import ExecutionMode, SchedulerOutput, Snapshot, StartStage
+from jigsaw_verl.policy.interface import ExecutionMode, SchedulerOutput, Snapshot, StartStage, WidenTail
 from jigsaw_verl.policy.registry import BASELINES
-from jigsaw_verl.sim.lower_bound import declared_staleness, lower_bound
+from jigsaw_verl.sim.lower_bound import declared_staleness, lower_bound, rollout_tps
 from jigsaw_verl.sim.simulator import Simulator
 
 BRUTE_FORCE_LEAVES = 120
@@ -24,10 +24,12 @@ BRUTE_FORCE_LEAVES = 120
 
 class ScriptedPolicy:
     """Brute force: at decision i take option ``script[i]`` (0 past the script) among every way to start one
-    ready stage on any subset of the free GPUs (or to wait, when something is running); records how many
-    options each decision had, so a search can enumerate the tree. On-policy, every pipeline as declared."""
+        ready stage on any subset of the free GPUs, to move a tail onto any wider replica its pipeline allows
+    (:class:`WidenTail`), or to wait, when something is running; records how many
+        options each decision had, so a search can enumerate the tree. On-policy, every pipeline as declared."""
 
     name = "brute-force"
+    detailed_snapshot = True  # it reads the live replicas for tail moves
 
     def __init__(self, w: WorkloadSpec, script: list[int]):
         self.w, self.script, self.counts = w, script, []
@@ -38,9 +40,10 @@ class ScriptedPolicy:
     def mode(self, pipeline):
         return self.modes[pipeline]
 
-    def _options(self, snap: Snapshot) -> list[StartStage | None]:
+    def _options(self, snap: Snapshot) -> list[StartStage | WidenTail | None]:
         busy = len(snap.free_gpus) < snap.num_gpus or not all(v.arrived for v in snap.pipelines)
-        opts: list[StartStage | None] = [None] if busy else []
+        opts: list[StartStage | WidenTail | None] = [None] if busy else []
+        opts += self._tail_moves(snap)
         free = sorted(snap.free_gpus)
         for r in snap.ready:
             p = self.spec[r.pipeline]
@@ -54,6 +57,23 @@ class ScriptedPolicy:
                     continue
                 opts += [StartStage(r.pipeline, r.step, r.stage, c) for c in itertools.combinations(free, n)]
         return opts
+
+    def _tail_moves(self, snap: Snapshot) -> list[WidenTail]:
+        """Every move of a pipeline's whole tail (nothing queued) onto one wider replica of its own and free GPUs
+        on one node, at each TP its ``rollout_elastic_tp`` allows."""
+        moves, gpn = [], self.w.cluster.gpus_per_node
+        for name, p in self.spec.items():
+            reps = [r for r in snap.replicas if r.pipeline == name]
+            if not reps or any(r.queued for r in reps) or not p.rollout_elastic_tp:
+                continue
+            usable = {g for r in reps for g in r.gpus} | set(snap.free_gpus)
+            for tp in rollout_tps(p):
+                if tp <= max(len(r.gpus) for r in reps):
+                    continue
+                for block in itertools.combinations(sorted(usable), tp):
+                    if len({g // gpn for g in block}) == 1:
+                        moves.append(WidenTail(name, tuple(r.replica for r in reps), block))
+        return moves
 
     def schedule(self, snap: Snapshot) -> SchedulerOutput:
         opts = self._options(snap)
@@ -81,6 +101,7 @@ def brute_force(w: WorkloadSpec, leaves: int = BRUTE_FORCE_LEAVES):
 @st.composite
 def small_workloads(draw):
     n_pipes = draw(st.integers(1, 2))
+    n = draw(st.integers(1, 3))
     pipes = []
     for i in range(n_pipes):
         median = draw(st.integers(5, 300))
@@ -106,11 +127,12 @@ def small_workloads(draw):
             "gpu_memory_utilization": draw(st.sampled_from([None, 0.1, 0.5])),
             "steps": draw(st.integers(1, 3)),
             "arrival_s": draw(st.sampled_from([0.0, 0.0, 2.5])),
+            # tails may move onto a TP-2 replica where the pool is one 2-GPU node
+            "rollout_elastic_tp": draw(st.sampled_from([None, 2])) if n == 2 else None,
         }
         if mode == "async":
             p["max_staleness"] = draw(st.integers(1, 2))
         pipes.append(p)
-    n = draw(st.integers(1, 3))
     try:
         return workload_from_dict(
             {

@@ -256,6 +256,12 @@ class CostModel:
         hbm = 2 * weights / (gpus * self.gpu.hbm_bytes_per_s * self.eff.hbm_efficiency)
         return hbm + self._fsdp_comm(model, gpus, 1) + self.eff.colocated_switch_s + self.eff.weight_sync_overhead_s
 
+    def tail_move_load(self, model: ModelSpec, tp: int) -> float:
+        """Seconds before a tail moved onto a new replica of ``tp`` GPUs can re-prefill: the current bf16 weights
+        copied in over PCIe (conservatively from the host, whatever is resident: a wide engine's weights from an
+        earlier step are a version old) and the engine woken with its KV pool allocated (the hybrid switch)."""
+        return self.host_copy(WEIGHT_BYTES_PER_PARAM * model.params / tp) + self.eff.colocated_switch_s
+
     def weight_sync_transfer(self, model: ModelSpec, src_gpus: int, dst_gpus: int, *, same_node: bool) -> float:
         """Seconds to send new bf16 weights from training GPUs to separate rollout GPUs (NCCL broadcast): each
         link carries the weights once, ``min(src, dst)`` links in parallel."""

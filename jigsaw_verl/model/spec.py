@@ -74,6 +74,9 @@ class PipelineSpec:
         response_len: response length distribution, tokens.
         ref_model: whether KL reference log-probs are computed.
         rollout_tp: tensor-parallel size of one rollout replica.
+        rollout_elastic_tp: tensor-parallel size a rollout's long tail may move up to (a multiple of
+            ``rollout_tp`` dividing ``gpus_per_node``), or ``None``: tails stay at ``rollout_tp``. Simulation only:
+            verl 0.9.1 builds its replicas at one TP, and the live runtime refuses a tail move.
         train_micro_batch_tokens: tokens per GPU in one training micro-batch (verl's dynamic batch size,
             ``actor.ppo_max_token_len_per_gpu``).
         logprob_micro_batch_tokens: tokens per GPU in one log-prob micro-batch (``*.log_prob_max_token_len_per_gpu``);
@@ -103,6 +106,7 @@ class PipelineSpec:
     response_len: LengthDist
     ref_model: bool = True
     rollout_tp: int = 1
+    rollout_elastic_tp: int | None = None
     train_micro_batch_tokens: int = 16384
     logprob_micro_batch_tokens: int | None = None
     param_offload: bool = False
@@ -162,7 +166,7 @@ _PIPELINE_KEYS = {
     "name", "model", "algorithm", "mode", "max_staleness", "batch_prompts", "group_size", "prompt_len",
     "response_len", "ref_model", "rollout_tp", "train_micro_batch_tokens", "steps", "arrival_s",
     "weight", "max_latency_inflation", "logprob_micro_batch_tokens", "param_offload", "optimizer_offload",
-    "gpu_memory_utilization",
+    "gpu_memory_utilization", "rollout_elastic_tp",
 }  # fmt: skip
 _CLUSTER_KEYS = {"gpu", "num_gpus", "gpus_per_node"}
 _TOP_KEYS = {"name", "seed", "cluster", "pipelines"}
@@ -307,6 +311,11 @@ def _pipeline(r: _Reader, raw: Any, key: str, cluster: ClusterSpec) -> PipelineS
         response_len=r.lengths(raw["response_len"], f"{key}.response_len", response=True),
         ref_model=r.boolean(raw.get("ref_model", True), f"{key}.ref_model"),
         rollout_tp=r.integer(raw.get("rollout_tp", 1), f"{key}.rollout_tp"),
+        rollout_elastic_tp=(
+            None
+            if raw.get("rollout_elastic_tp") is None
+            else r.integer(raw["rollout_elastic_tp"], f"{key}.rollout_elastic_tp")
+        ),
         train_micro_batch_tokens=r.integer(
             raw.get("train_micro_batch_tokens", 16384), f"{key}.train_micro_batch_tokens"
         ),
@@ -333,9 +342,7 @@ def _pipeline(r: _Reader, raw: Any, key: str, cluster: ClusterSpec) -> PipelineS
     )
     if spec.max_latency_inflation is not None and spec.max_latency_inflation < 1:
         raise r.fail(f"{key}.max_latency_inflation", f"must be >= 1, got {spec.max_latency_inflation:g}")
-    tp = spec.rollout_tp
-    if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
-        raise r.fail(f"{key}.rollout_tp", f"{tp} must divide gpus_per_node ({cluster.gpus_per_node})")
+    _check_tp(r, spec, key, cluster)
     longest = spec.prompt_len.max + spec.response_len.max
     for field in ("train_micro_batch_tokens", "logprob_micro_batch_tokens"):
         tokens = getattr(spec, field)
@@ -345,6 +352,19 @@ def _pipeline(r: _Reader, raw: Any, key: str, cluster: ClusterSpec) -> PipelineS
             )
     _check_fits(r, spec, key, cluster)
     return spec
+
+
+def _check_tp(r: _Reader, spec: PipelineSpec, key: str, cluster: ClusterSpec) -> None:
+    tp, per_node = spec.rollout_tp, cluster.gpus_per_node
+    if tp > per_node or per_node % tp:
+        raise r.fail(f"{key}.rollout_tp", f"{tp} must divide gpus_per_node ({per_node})")
+    wide = spec.rollout_elastic_tp
+    if wide is not None and (wide % tp or per_node % wide or wide > cluster.num_gpus):
+        raise r.fail(
+            f"{key}.rollout_elastic_tp",
+            f"{wide} must be a multiple of rollout_tp ({tp}) that divides gpus_per_node ({per_node}) "
+            f"and fits the pool ({cluster.num_gpus} GPUs)",
+        )
 
 
 def _check_fits(r: _Reader, spec: PipelineSpec, key: str, cluster: ClusterSpec) -> None:

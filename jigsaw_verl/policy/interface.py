@@ -3,7 +3,8 @@
 Executors (the simulator, later the live runtime) call :meth:`Policy.schedule` whenever something changed: a
 stage became ready, GPUs were freed, a request finished, a pipeline arrived. The policy sees a :class:`Snapshot`
 and returns a :class:`SchedulerOutput` listing what to start where (:class:`StartStage`, exclusively or
-co-located with a share of each GPU) and which rollout replicas to merge (:class:`Migrate`). It never mutates
+co-located with a share of each GPU), which rollout replicas to merge (:class:`Migrate`) and which tails to move
+onto a wider replica (:class:`WidenTail`). It never mutates
 the snapshot, reads a clock or does I/O, so the same policy object runs in simulation and live. Policies that
 search configurations (splits, orders) fix them at construction, from the workload alone (a search that needs
 to simulate is handed the simulation by the executor that builds the policy).
@@ -230,10 +231,29 @@ class Migrate:
 
 
 @dataclass(frozen=True)
+class WidenTail:
+    """Move a pipeline's long tail onto one wider rollout replica: abort every request on ``sources`` and resume
+    them all on a new replica of tensor-parallel size ``len(gpus)`` built on ``gpus``, re-prefilling prompt +
+    tokens so far at the wide replica's rate; the sources' other GPUs free. The wide engine's weights are loaded
+    unless resident, and its memory is counted like any replica's.
+
+    Attributes:
+        pipeline: pipeline name.
+        sources: replica ids to empty and free (every live replica of the rollout, or some of them).
+        gpus: the new replica's GPUs: on one node, each one the sources' or free, as many as the pipeline's
+            ``rollout_elastic_tp`` allows at most (a multiple of its ``rollout_tp``, more than the widest source).
+    """
+
+    pipeline: str
+    sources: tuple[int, ...]
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class SchedulerOutput:
     """The plan for this decision point: actions applied in order. Empty means wait."""
 
-    actions: tuple[StartStage | Migrate, ...] = ()
+    actions: tuple[StartStage | Migrate | WidenTail, ...] = ()
 
 
 class Policy(Protocol):

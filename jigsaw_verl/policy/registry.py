@@ -3,8 +3,8 @@
 Each :class:`PolicyEntry` builds, from a workload, the configurations worth trying (the runner simulates each and
 reports the best) and says which :data:`~jigsaw_verl.policy.interface.EXECUTION_FEATURES` they use, so an executor
 can tell which policies it can run (:func:`policies_needing_at_most`). ``greedy`` and ``jigsaw`` are the JigsawRL
-scheduler (:mod:`jigsaw_verl.policy.jigsaw.lookahead`); the ablations ``jigsaw-no-migration`` and
-``jigsaw-no-colocation`` switch one mechanism off.
+scheduler (:mod:`jigsaw_verl.policy.jigsaw.lookahead`); the ablations ``jigsaw-no-migration``,
+``jigsaw-no-colocation`` and ``jigsaw-no-elastic-tail`` switch one mechanism off.
 """
 
 from __future__ import annotations
@@ -130,6 +130,11 @@ _add("greedy", _jigsaw("greedy", horizon=0, migration=False), "JigsawRL first-fi
 _add("jigsaw", _jigsaw("jigsaw"), "JigsawRL: look-ahead, tail migration and co-location")
 _add("jigsaw-no-migration", _jigsaw("jigsaw-no-migration", migration=False), "jigsaw without tail migration")
 _add("jigsaw-no-colocation", _jigsaw("jigsaw-no-colocation", colocation=False), "jigsaw without co-location")
+_add(
+    "jigsaw-no-elastic-tail",
+    _jigsaw("jigsaw-no-elastic-tail", elastic_tail=False),
+    "jigsaw without tail moves onto wider replicas (pipelines with rollout_elastic_tp)",
+)
 
 BASELINES: tuple[str, ...] = ("verl", "verl-seq", "verl-split", "streamrl", "areal", "rollmux")
 

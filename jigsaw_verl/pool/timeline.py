@@ -55,17 +55,19 @@ class Slice:
 
 @dataclass(frozen=True)
 class MigrationRecord:
-    """One executed :class:`~jigsaw_verl.policy.interface.Migrate`.
+    """One executed :class:`~jigsaw_verl.policy.interface.Migrate` or
+    :class:`~jigsaw_verl.policy.interface.WidenTail`.
 
     Attributes:
         time_s: when it happened, seconds.
         pipeline: pipeline name.
-        sources: GPUs freed.
+        sources: GPUs of the replicas emptied (a merge frees them all; a tail move may reuse some in ``targets``).
         targets: GPUs of the replicas that took the requests.
         requests: requests moved.
         reprefill_tokens: prompt + generated tokens the targets re-prefill.
         freed_gpu_s: GPU-seconds the sources would still have held without the migration (each source's
             longest remaining response decoded at its current step time), an estimate from the true lengths.
+        wide_tp: for a tail move, the tensor-parallel size of the one new replica on ``targets``; 0 for a merge.
     """
 
     time_s: float
@@ -75,6 +77,7 @@ class MigrationRecord:
     requests: int
     reprefill_tokens: int
     freed_gpu_s: float
+    wide_tp: int = 0
 
 
 @dataclass(frozen=True)

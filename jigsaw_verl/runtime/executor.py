@@ -48,7 +48,7 @@ from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.footprint import stage_resident_bytes
 from jigsaw_verl.model.graph import OUTSIDE_STAGES, ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
 from jigsaw_verl.model.spec import ClusterSpec, PipelineSpec, WorkloadSpec
-from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, Snapshot, features_of
+from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, Snapshot, StartStage, features_of
 from jigsaw_verl.pool.holds import Hold, Refusal, Segment, SlotHolds
 from jigsaw_verl.pool.homes import pick_home, sharing_refusal
 from jigsaw_verl.pool.progress import PipelineProgress
@@ -147,8 +147,14 @@ class LiveExecutor:
         self._next_index += 1
 
     def _check_modes(self, policy: Policy) -> None:
-        """The live runtime runs on-policy synchronous steps only (verl's sync trainer)."""
-        for name in self.pipes:
+        """The live runtime runs on-policy synchronous steps only (verl's sync trainer), on replicas of the one
+        tensor-parallel size verl builds them at (a tail move to a wider replica is simulation only)."""
+        for name, ps in self.pipes.items():
+            if (ps.spec.rollout_elastic_tp or 0) > ps.spec.rollout_tp:
+                raise PolicyRefused(
+                    f"pipeline {name!r} sets rollout_elastic_tp={ps.spec.rollout_elastic_tp}: verl 0.9.1 builds "
+                    f"its rollout replicas at one tensor-parallel size; leave it unset to run live"
+                )
             needs = features_of(policy.mode(name))
             if needs:
                 raise PolicyRefused(
@@ -357,6 +363,9 @@ class LiveExecutor:
             for action in self._plan(now):
                 if isinstance(action, Migrate):
                     self._order(action)  # the source slots free up when the pipeline reports it done
+                    continue
+                if not isinstance(action, StartStage):  # refused at join (_check_modes): never planned live
+                    self.policy_errors.append(f"{self.policy_name}: {action} cannot run live; ignored")
                     continue
                 ps = self.pipes.get(action.pipeline)
                 if ps is not None and ps.requested == (action.step, action.stage):

@@ -10,7 +10,9 @@ arriving at or after ``a`` still has to happen after ``a``.
 What is counted, each term at least what any schedule spends:
 - log-prob passes and updates: their FLOPs at the cost model's MFU (linear in tokens and squared lengths, so
   independent of how micro-batches are cut); prefill: prompt FLOPs at prefill MFU;
-- decode: FLOPs of every generated token and the bytes of every KV read (both independent of packing), plus the
+- decode (at whichever tensor-parallel size the pipeline may use costs least, :func:`rollout_tps`, since a tail
+  may move onto a wider replica): FLOPs of every generated token and the bytes of every KV read (both
+  independent of packing), plus the
   weight reads of the fewest replica-steps the memory allows: a replica-step serves at most ``max_num_seqs``
   sequences whose KV fits one replica's whole memory beside its weights, so there are at least
   ``max(decode tokens / max_num_seqs, context token-steps / KV capacity)`` of them (a memory-bound step costs
@@ -19,7 +21,8 @@ What is counted, each term at least what any schedule spends:
 - nothing for reward, weight sync, offload, switching or fixed per-step overheads (all >= 0).
 
 The chain term: pipeline ``p``'s step ``k`` needs its rollout (at least its slowest response decoded alone, at
-batch 1 with nothing else on its replica, or the step's rollout work over the whole pool) and then its update;
+batch 1 with nothing else on its replica of the fastest tensor-parallel size the pipeline may decode at, or the
+step's rollout work over the whole pool) and then its update;
 step ``k``'s log-prob passes cannot start before step ``k-1``'s update ends, and the update of step ``k`` not
 before its rollout ends (log-prob passes may stream earlier). A rollout of step ``k`` needs weights of version
 ``k - s``, i.e. the update of step ``k - s - 1``, where ``s`` is the staleness the schedule runs the pipeline
@@ -35,12 +38,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from jigsaw_verl.model.cost_model import CostModel, Work
 from jigsaw_verl.model.lengths import StepSamples, sample_steps
 from jigsaw_verl.model.memory import kv_capacity_tokens
 from jigsaw_verl.model.spec import PipelineSpec, WorkloadSpec
 
 MAX_NUM_SEQS = 1024  # the replica engine's live-sequence limit
+DECODE_CHUNKS = 64  # stretches of a response charged at one context each, where its TP may change
 
 
 @dataclass(frozen=True)
@@ -64,19 +70,27 @@ class LowerBound:
     memory_gpu_s: float
 
 
+def rollout_tps(spec: PipelineSpec) -> tuple[int, ...]:
+    """Every tensor-parallel size a policy may decode ``spec``'s responses at: ``rollout_tp`` and, when tails may
+    move onto wider replicas, each multiple of it that divides ``rollout_elastic_tp``."""
+    wide = max(spec.rollout_tp, spec.rollout_elastic_tp or 0)
+    return tuple(tp for tp in range(spec.rollout_tp, wide + 1, spec.rollout_tp) if wide % tp == 0)
+
+
 def _rollout_work(spec: PipelineSpec, cost: CostModel, s: StepSamples) -> Work:
+    """The least decode work at any TP the pipeline may use (each resource's minimum on its own), plus prefill."""
     p = s.prompt_len.astype(float)
     r = s.response_len.astype(float)
-    tp = spec.rollout_tp
     steps = r - 1.0  # prefill yields the first token
     tokens = float(steps.sum())
     ctx_sum = float((steps * p + steps * (steps + 1.0) / 2.0).sum())
-    cap = kv_capacity_tokens(spec.model, cost.gpu, tp=tp, gpu_memory_utilization=spec.gpu_memory_utilization)
-    replica_steps = max(tokens / MAX_NUM_SEQS, ctx_sum / cap)
-    c = cost.decode_coeffs(spec.model, tp)
-    return cost.decode_work(c, tp, replica_steps, tokens, ctx_sum) + cost.prefill_work(
-        spec.model, float(p.sum()), float((p * p).sum())
-    )
+    works = []
+    for tp in rollout_tps(spec):
+        cap = kv_capacity_tokens(spec.model, cost.gpu, tp=tp, gpu_memory_utilization=spec.gpu_memory_utilization)
+        replica_steps = max(tokens / MAX_NUM_SEQS, ctx_sum / cap)
+        works.append(cost.decode_work(cost.decode_coeffs(spec.model, tp), tp, replica_steps, tokens, ctx_sum))
+    decode = Work(min(w.compute_s for w in works), min(w.memory_s for w in works))
+    return decode + cost.prefill_work(spec.model, float(p.sum()), float((p * p).sum()))
 
 
 def _train_work(spec: PipelineSpec, cost: CostModel, s: StepSamples) -> tuple[Work, Work]:
@@ -91,13 +105,37 @@ def _train_work(spec: PipelineSpec, cost: CostModel, s: StepSamples) -> tuple[Wo
 
 
 def _alone_s(spec: PipelineSpec, cost: CostModel, s: StepSamples) -> float:
-    """The slowest response of the step, decoded alone on its replica."""
-    c = cost.decode_coeffs(spec.model, spec.rollout_tp)
-    best = 0.0
-    for p, r in set(zip(s.prompt_len.tolist(), s.response_len.tolist())):
-        t = cost.prefill(spec.model, spec.rollout_tp, p, p * p) + cost.decode_segment(c, 1, p + 1, r - 1)
-        best = max(best, t)
-    return best
+    """The slowest response of the step, decoded alone on its replica; where tails may move onto wider replicas,
+    each stretch of it at the fastest TP the pipeline may use (:func:`_fastest_decode_s`)."""
+    pairs = set(zip(s.prompt_len.tolist(), s.response_len.tolist()))
+    tps = rollout_tps(spec)
+    if len(tps) == 1:
+        c = cost.decode_coeffs(spec.model, spec.rollout_tp)
+        return max(
+            cost.prefill(spec.model, spec.rollout_tp, p, p * p) + cost.decode_segment(c, 1, p + 1, r - 1)
+            for p, r in pairs
+        )
+    p = np.array([p for p, _ in pairs], dtype=float)
+    r = np.array([r for _, r in pairs], dtype=float)
+    prefill = np.min([[cost.prefill(spec.model, tp, x, x * x) for x in p] for tp in tps], axis=0)
+    return float((prefill + _fastest_decode_s(spec, cost, tps, p, r)).max())
+
+
+def _fastest_decode_s(spec: PipelineSpec, cost: CostModel, tps: tuple[int, ...], p: np.ndarray, r: np.ndarray):
+    """Per response, a floor on decoding ``r - 1`` tokens at batch 1 after a prompt of ``p`` when any step may
+    run at any of ``tps``: the steps are cut into ``DECODE_CHUNKS`` stretches, each charged its length times the
+    fastest TP's step at the stretch's first context (a step's time grows with context at every TP)."""
+    steps = np.maximum(r - 1.0, 0.0)
+    edges = np.linspace(0.0, 1.0, DECODE_CHUNKS + 1)
+    first = np.floor(steps[:, None] * edges[None, :-1])
+    length = np.floor(steps[:, None] * edges[None, 1:]) - first
+    ctx = p[:, None] + 1.0 + first
+    fastest = np.full(ctx.shape, np.inf)
+    for tp in tps:
+        c = cost.decode_coeffs(spec.model, tp)
+        step = np.maximum(c.c_batch + c.c_ctx * ctx, c.m_weights + c.m_ctx * ctx) + c.overhead + c.overhead_per_seq
+        fastest = np.minimum(fastest, step)
+    return (fastest * length).sum(axis=1)
 
 
 def _span(w: Work, gpus: int) -> float:

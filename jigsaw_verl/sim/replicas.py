@@ -23,9 +23,10 @@ from jigsaw_verl.model.lengths import StepSamples
 from jigsaw_verl.model.memory import rollout_weight_bytes
 from jigsaw_verl.model.rollout_engine import ReplicaEngine
 from jigsaw_verl.model.spec import PipelineSpec
-from jigsaw_verl.policy.interface import ExecutionMode, Migrate
+from jigsaw_verl.policy.interface import ExecutionMode, Migrate, WidenTail
 from jigsaw_verl.pool.progress import PipelineProgress
 from jigsaw_verl.pool.timeline import MigrationRecord, Slice
+from jigsaw_verl.sim.device_memory import OutOfDeviceMemory
 from jigsaw_verl.sim.tasks import EPS, Engine, Task
 
 
@@ -94,10 +95,21 @@ class ReplicaRunner:
             else:  # more replicas than requests: this one has nothing to do
                 self._retire(eng)
 
-    def _new_replica(self, ps: SimPipe, step: int, group: tuple[int, ...], share: float, longest: int) -> Engine:
-        spec, tp = ps.spec, ps.spec.rollout_tp
+    def _new_replica(
+        self,
+        ps: SimPipe,
+        step: int,
+        group: tuple[int, ...],
+        share: float,
+        longest: int,
+        tp: int | None = None,
+        load_s: float = 0.0,
+    ) -> Engine:
+        """A replica of ``tp`` GPUs (the pipeline's ``rollout_tp`` by default) that first loads its weights for
+        at least ``load_s`` seconds (host copies of whatever was not resident otherwise)."""
+        spec, tp = ps.spec, tp or ps.spec.rollout_tp
         key = (spec.name, "rollout", group)
-        load_s = self.memory.make_resident(group, key, rollout_weight_bytes(spec.model) / tp)
+        load_s = max(load_s, self.memory.make_resident(group, key, rollout_weight_bytes(spec.model) / tp))
         cap = self.memory.kv_for_replica(spec.model, tp, group, key, longest, spec.gpu_memory_utilization)
         eng = Engine(
             group,
@@ -257,5 +269,69 @@ class ReplicaRunner:
                 requests=len(moved),
                 reprefill_tokens=sum(r.prompt_len + g for r, g in moved if g > 0),
                 freed_gpu_s=freed,
+            )
+        )
+
+    def _check_widen(self, w: WidenTail) -> list[Engine]:
+        """The sources of ``w``, or a :class:`SimulationError` naming what the pool cannot do."""
+        by_id = {e.worker: e for e in self.engines}
+        ps = self.pipes.get(w.pipeline)
+        if ps is None or not w.sources or len(set(w.sources)) != len(w.sources):
+            raise SimulationError(f"{self.policy.name}: {w} names no pipeline or repeats a source")
+        if any(i not in by_id or by_id[i].pipeline != w.pipeline for i in w.sources):
+            raise SimulationError(f"{self.policy.name}: {w} names replicas that are not {w.pipeline}'s live ones")
+        sources = [by_id[i] for i in w.sources]
+        wide, gpn = len(w.gpus), self.cost.gpus_per_node
+        limit = ps.spec.rollout_elastic_tp or ps.spec.rollout_tp
+        if wide > limit or wide % ps.spec.rollout_tp or wide <= max(len(e.gpus) for e in sources):
+            raise SimulationError(
+                f"{self.policy.name}: {w}: a tail replica of TP {wide} is not wider than its sources within "
+                f"{w.pipeline}'s rollout_elastic_tp ({limit})"
+            )
+        if len(set(w.gpus)) != wide or len({g // gpn for g in w.gpus}) != 1:
+            raise SimulationError(f"{self.policy.name}: {w}: a replica's GPUs must be distinct and on one node")
+        own = {g for e in sources for g in e.gpus}
+        if any(g not in own and self.holds.on(g) for g in w.gpus) or any(len(self.holds.on(g)) > 1 for g in own):
+            raise SimulationError(f"{self.policy.name}: {w}: its GPUs must be free or the sources' own, unshared")
+        return sources
+
+    def _widen(self, w: WidenTail) -> None:
+        """Apply a :class:`WidenTail`: abort the sources, build the wide replica, resume every request on it."""
+        sources = self._check_widen(w)
+        ps = self.pipes[w.pipeline]
+        step = max(e.step for e in sources)
+        freed = 0.0
+        moved: list = []
+        for e in sources:
+            eng = e.engine
+            remaining = max((s.req.response_len - s.generated for s in eng.live), default=0)
+            step_s = self.cost.decode_step(eng.model, eng.tp, max(1, eng.live_count), eng.context_tokens)
+            freed += remaining * step_s / max(e.rate, 1e-9) * len(e.gpus)
+            reqs, acts = eng.abort(self._local(e))
+            self._record_acts(e, acts)
+            moved += reqs
+            self._retire(e)
+        longest = max(r.prompt_len + r.response_len for r, _ in moved)
+        gpus = tuple(sorted(w.gpus))
+        try:
+            # NOTE: weights resident from an earlier move are a version old: the wide engine always copies the
+            # current ones in and wakes, whatever is resident (CostModel.tail_move_load).
+            load_s = self.cost.tail_move_load(ps.spec.model, len(gpus))
+            target = self._new_replica(ps, step, gpus, 1.0, longest, tp=len(gpus), load_s=load_s)
+        except OutOfDeviceMemory as err:
+            raise SimulationError(f"{self.policy.name}: {w}: {err}") from None
+        for req, generated in moved:
+            target.engine.resume(req, generated, self._local(target))
+        self._arm(target)
+        self.migrations.append(
+            MigrationRecord(
+                time_s=self.now,
+                pipeline=w.pipeline,
+                sources=tuple(g for e in sources for g in e.gpus),
+                targets=gpus,
+                requests=len(moved),
+                reprefill_tokens=sum(r.prompt_len + g for r, g in moved if g > 0),
+                freed_gpu_s=freed,
+                wide_tp=len(gpus),
             )
         )

@@ -15,7 +15,9 @@ Co-location: two co-located sub-stages progress at the speeds :meth:`CostModel.c
 current nodes; every task keeps a local clock (:mod:`.tasks`) that runs at its current rate, so when rates change
 the remaining work is rescaled. A task alone on its GPUs runs at full speed. Migration
 (:class:`~jigsaw_verl.policy.interface.Migrate`) aborts the requests of some replicas of a pipeline and resumes
-them on others, which re-prefill prompt + tokens so far (:mod:`.replicas`). Memory: :mod:`.device_memory`.
+them on others, which re-prefill prompt + tokens so far; a tail move
+(:class:`~jigsaw_verl.policy.interface.WidenTail`) resumes them on one new replica of larger tensor-parallel size
+(:mod:`.replicas`). Memory: :mod:`.device_memory`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,16 @@ from jigsaw_verl.model.graph import (
 from jigsaw_verl.model.lengths import sample_steps
 from jigsaw_verl.model.memory import train_state_bytes
 from jigsaw_verl.model.spec import WorkloadSpec
-from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, ReplicaView, SchedulerOutput, Snapshot, StartStage
+from jigsaw_verl.policy.interface import (
+    Migrate,
+    Policy,
+    ReadyStage,
+    ReplicaView,
+    SchedulerOutput,
+    Snapshot,
+    StartStage,
+    WidenTail,
+)
 from jigsaw_verl.pool.holds import Hold, Refusal, SlotHolds
 from jigsaw_verl.pool.snapshot import ExecutorView, build_snapshot
 from jigsaw_verl.pool.timeline import StageRecord
@@ -190,7 +201,12 @@ class Simulator(ReplicaRunner):
             if not out.actions:
                 return
             for action in out.actions:
-                self._migrate(action) if isinstance(action, Migrate) else self._start(action)
+                if isinstance(action, Migrate):
+                    self._migrate(action)
+                elif isinstance(action, WidenTail):
+                    self._widen(action)
+                else:
+                    self._start(action)
         raise SimulationError(f"policy {self.policy.name} kept starting stages at t={self.now:.3f}s without end")
 
     def snapshot(self) -> Snapshot:

@@ -27,6 +27,9 @@ class JigsawKnobs:
             memory-bound tail and may host a training stage.
         deferrable: stages a candidate may hold back to start them wider later.
         max_live_per_target: live requests a merge target may end up with.
+        elastic_tail: whether a tail may move onto one wider replica (pipelines that set ``rollout_elastic_tp``).
+        widen_live_per_replica: a rollout may move onto a wider replica once nothing is queued and at most this many
+            live requests per replica are left (the move is then priced, and scored against the other candidates).
         interference_file: a profiled interference table (JSON, see
             :mod:`jigsaw_verl.policy.jigsaw.interference`); ``None`` derives it from the cost model.
     """
@@ -41,4 +44,6 @@ class JigsawKnobs:
     colocate_live_per_replica: int = 32
     deferrable: tuple[str, ...] = (ROLLOUT,)
     max_live_per_target: int = 2
+    elastic_tail: bool = True
+    widen_live_per_replica: float = 8.0
     interference_file: str | None = None

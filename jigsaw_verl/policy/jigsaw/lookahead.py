@@ -25,7 +25,7 @@ from jigsaw_verl.model.spec import PipelineSpec, WorkloadSpec
 from jigsaw_verl.policy.interface import ExecutionMode, ReadyStage, SchedulerOutput, Snapshot, StartStage
 from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
 from jigsaw_verl.policy.jigsaw.planning import PlanningModel, fair_share
-from jigsaw_verl.policy.jigsaw.rollforward import RollForward
+from jigsaw_verl.policy.jigsaw.rollforward import RollForward, widening_due
 
 
 def _mode(spec: PipelineSpec) -> ExecutionMode:
@@ -89,9 +89,12 @@ class LookAheadPolicy:
             f"horizon {knobs.horizon}, {knobs.max_candidates} candidates, "
             f"migration {'on' if knobs.migration else 'off'}, co-location {'on' if knobs.colocation else 'off'}"
         )
+        if any((p.rollout_elastic_tp or 0) > p.rollout_tp for p in workload.pipelines):
+            self.config += f", elastic tail {'on' if knobs.elastic_tail and knobs.horizon else 'off'}"
         self.modes = {p.name: _mode(p) for p in workload.pipelines}
         hybrid = frozenset(name for name, mode in self.modes.items() if mode.colocated)
         self.planning = PlanningModel(workload, knobs, cost, hybrid_sync=hybrid)
+        self._elastic = frozenset(p.name for p in workload.pipelines if (p.rollout_elastic_tp or 0) > p.rollout_tp)
         self._leases: tuple | None = None  # the last snapshot's per-GPU lease arrays (see _lease_arrays)
         self._bytes: dict[tuple[str, str, int], float] = {}  # ResourceManager.stage_bytes, memoised
 
@@ -102,7 +105,7 @@ class LookAheadPolicy:
     def schedule(self, snap: Snapshot) -> SchedulerOutput:
         """Candidates first (the greedy one first, so ties and ``horizon`` 0 keep it), then the best score."""
         greedy = self._fill(snap, set(snap.free_gpus), list(snap.ready))
-        if self.knobs.horizon == 0 or not snap.ready:
+        if self.knobs.horizon == 0 or not (snap.ready or self._may_widen(snap)):
             return SchedulerOutput(greedy)
         ctx = RollForward(self.planning, snap)
         # NOTE: candidates x pipelines x horizon bounds the work of a decision; at scale fewer candidates are scored
@@ -140,12 +143,32 @@ class LookAheadPolicy:
                 yield self._fill(snap, free, ready, caps={r: len(free)})
         if self.knobs.colocation:
             yield self._fill(snap, free, ready, colocate=False)
+        for wide in ctx.widenings.values():
+            rest = [r for r in ready if r.pipeline != wide.action.pipeline]
+            freed = set(wide.freed_gpus)
+            yield (wide.action, *self._fill(snap, (free - set(wide.taken_gpus)) | freed, rest, released=freed))
         if self.knobs.migration:
             for plan in ctx.migrations.values():
                 rest = [r for r in ready if r.pipeline != plan.action.pipeline]
                 starts = self._fill(snap, free | set(plan.freed_gpus), rest, released=set(plan.freed_gpus))
                 if any(set(a.gpus) & set(plan.freed_gpus) for a in starts):  # only when a ready stage takes them
                     yield (plan.action, *starts)
+
+    def _may_widen(self, snap: Snapshot) -> bool:
+        """Whether some pipeline's running rollout is in a tail a wider replica may take (cheap: nothing is rolled
+        forward for the decisions that only see a request finish)."""
+        if not self.knobs.elastic_tail or not self._elastic:
+            return False
+        reps: dict[str, list] = {}
+        for r in snap.replicas:
+            if r.pipeline in self._elastic:
+                reps.setdefault(r.pipeline, []).append(r)
+        m = self.planning
+        return any(
+            widening_due(m.specs[name], rs, True, self.knobs.widen_live_per_replica)
+            and not any(len(snap.leases[g]) > 1 for r in rs for g in r.gpus)
+            for name, rs in reps.items()
+        )
 
     # ---- first-fit with co-location ------------------------------------------------------------------------------
     def _fill(

@@ -1,4 +1,5 @@
-"""The migration planner: merge a rollout's long tail from k replicas onto m < k and free the rest.
+"""The tail planner: merge a rollout's long tail from k replicas onto m < k and free the rest, or move it onto
+one wider replica.
 
 A pipeline's rollout is in its tail when nothing is queued and its replicas hold few live requests each. The
 planner keeps as targets the ``m`` replicas holding the most context (the least to re-prefill elsewhere), moves
@@ -13,6 +14,12 @@ every live request of the others onto them, and prices the move:
 :func:`plan_migration` returns the plan with its prices, or ``None`` when the rollout is not in its tail or
 merging frees nothing. Whether the freed GPU time is taken by a ready sub-stage and worth more than the cost is
 the policy's call (the look-ahead scores it); :meth:`MigrationPlan.worth_it` is the local test.
+
+The other way out of a tail speeds the critical response up instead of freeing GPUs: :func:`plan_widening` moves
+every live request onto one replica of larger tensor-parallel size on the pipeline's own GPUs (and free ones) of
+one node, priced the same way (re-prefill at the wide replica's rate, its weights loaded over PCIe, the remaining
+tail at the ratio of the two decode steps). Consolidation and widening are two candidates of the look-ahead,
+which weighs the critical response's finish against the GPU time freed for others.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from dataclasses import dataclass
 
 from jigsaw_verl.model.cost_model import CostModel
 from jigsaw_verl.model.spec import PipelineSpec
-from jigsaw_verl.policy.interface import Migrate, ReplicaView
+from jigsaw_verl.policy.interface import Migrate, ReplicaView, WidenTail
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,3 +113,75 @@ def plan_migration(
         cost_gpu_s=m * tp * delay,
         delay_s=delay,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WideningPlan:
+    """A priced move of a tail onto one wider replica.
+
+    Attributes:
+        action: the :class:`WidenTail` to apply.
+        freed_gpus: the sources' GPUs the wide replica does not use.
+        taken_gpus: free GPUs the wide replica takes.
+        end_s: predicted seconds from now until the wide replica has finished the tail.
+        before_s: predicted seconds until the sources would have finished it.
+    """
+
+    action: WidenTail
+    freed_gpus: tuple[int, ...]
+    taken_gpus: tuple[int, ...]
+    end_s: float
+    before_s: float
+
+
+def _groups(width: int, own: set[int], free: frozenset[int], num_gpus: int, gpus_per_node: int):
+    """Aligned blocks of ``width`` GPUs on one node made of ``own`` and ``free`` GPUs, most ``own`` first."""
+    blocks = []
+    for lo in range(0, num_gpus - width + 1, width):
+        block = tuple(range(lo, lo + width))
+        if lo // gpus_per_node == (lo + width - 1) // gpus_per_node and all(g in own or g in free for g in block):
+            blocks.append(block)
+    return sorted(blocks, key=lambda b: (-len(own.intersection(b)), b))
+
+
+def plan_widening(
+    spec: PipelineSpec,
+    cost: CostModel,
+    replicas: list[ReplicaView],
+    remaining_s: list[float],
+    free: frozenset[int],
+    num_gpus: int,
+) -> WideningPlan | None:
+    """The fastest move of ``replicas`` (one pipeline's live ones, same order as ``remaining_s``; nothing queued)
+    onto one replica of a TP up to ``spec.rollout_elastic_tp``, or ``None`` when no width finishes sooner."""
+    widest = max(len(r.gpus) for r in replicas)
+    limit = spec.rollout_elastic_tp or 0
+    if limit <= widest or any(r.queued for r in replicas):
+        return None
+    live = sum(r.live for r in replicas)
+    ctx = sum(r.context_tokens for r in replicas)
+    if live == 0:
+        return None
+    own = {g for r in replicas for g in r.gpus}
+    worst = max(range(len(replicas)), key=lambda i: remaining_s[i])
+    crit = replicas[worst]
+    before = max(remaining_s)
+    step_before = cost.decode_step(spec.model, len(crit.gpus), max(1, crit.live), crit.context_tokens)
+    mean_ctx = ctx / live
+    best: WideningPlan | None = None
+    for width in range(widest + 1, limit + 1):
+        if width % spec.rollout_tp or limit % width:
+            continue
+        for block in _groups(width, own, free, num_gpus, cost.gpus_per_node)[:1]:
+            step_after = cost.decode_step(spec.model, width, live, ctx)
+            load = cost.tail_move_load(spec.model, width)
+            end = load + cost.prefill(spec.model, width, ctx, ctx * mean_ctx) + before * step_after / step_before
+            if end < before and (best is None or end < best.end_s):
+                best = WideningPlan(
+                    action=WidenTail(spec.name, tuple(r.replica for r in replicas), block),
+                    freed_gpus=tuple(sorted(own.difference(block))),
+                    taken_gpus=tuple(g for g in block if g not in own),
+                    end_s=end,
+                    before_s=before,
+                )
+    return best

@@ -17,13 +17,31 @@ import math
 import numpy as np
 
 from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
-from jigsaw_verl.policy.interface import Migrate, Snapshot, StartStage
-from jigsaw_verl.policy.jigsaw.migration_planner import MigrationPlan, in_tail, plan_migration
+from jigsaw_verl.policy.interface import Migrate, Snapshot, StartStage, WidenTail
+from jigsaw_verl.policy.jigsaw.migration_planner import (
+    MigrationPlan,
+    WideningPlan,
+    in_tail,
+    plan_migration,
+    plan_widening,
+)
 from jigsaw_verl.policy.jigsaw.planning import PlanningModel, active_pipelines, fair_share
 
 NEXT_STAGE = {ROLLOUT: LOGPROB, LOGPROB: UPDATE, UPDATE: WEIGHT_SYNC, WEIGHT_SYNC: ROLLOUT}
 WAIT_OPTIONS = 3  # later moments a placement may wait for (GPU releases, tails to join)
 TAIL_SLOWDOWN = 0.9  # speed of a tail replica hosting a training stage (the table's, at the chosen share)
+
+
+def widening_due(spec, reps: list, enabled: bool, live_per_replica: float) -> bool:
+    """Whether a running rollout (its live ``reps``) is in the tail a wider replica may take: the pipeline may
+    widen, nothing is queued, few live requests are left, and a wider TP is left to move to."""
+    return (
+        enabled
+        and bool(reps)
+        and (spec.rollout_elastic_tp or 0) > max(len(r.gpus) for r in reps)
+        and all(r.queued == 0 for r in reps)
+        and sum(r.live for r in reps) <= live_per_replica * len(reps)
+    )
 
 
 class RollForward:
@@ -50,7 +68,9 @@ class RollForward:
         self.stage_end: dict[str, float] = {}
         self.replica_end: dict[int, float] = {}
         self.replica_gpus = {r.replica: r.gpus for r in snap.replicas}
+        self._placed = np.zeros(0, dtype=int)  # the GPUs the last log-prob pass placed by _place took
         self.migrations: dict[str, MigrationPlan] = {}
+        self.widenings: dict[str, WideningPlan] = {}
         by_pipe: dict[str, list] = {}
         for r in snap.replicas:
             by_pipe.setdefault(r.pipeline, []).append(r)
@@ -80,11 +100,16 @@ class RollForward:
             np.maximum.at(self.end, idx, np.repeat(now + np.asarray(rem), [len(r.gpus) for r in reps]))
             self.host_from[idx] = host
             self.owner[idx] = m.index[name]
-        if m.knobs.migration and m.knobs.horizon > 0 and reps and in_tail(reps, m.knobs.tail_live_per_replica):
-            colocated = any(len(self.snap.leases[g]) > 1 for r in reps for g in r.gpus)
-            plan = None if colocated else self._plan(name, reps, rem)
-            if plan is not None and plan.worth_it():
-                self.migrations[name] = plan
+        colocated = any(len(self.snap.leases[g]) > 1 for r in reps for g in r.gpus)
+        if m.knobs.horizon > 0 and reps and not colocated:
+            if m.knobs.migration and in_tail(reps, m.knobs.tail_live_per_replica):
+                plan = self._plan(name, reps, rem)
+                if plan is not None and plan.worth_it():
+                    self.migrations[name] = plan
+            if widening_due(m.specs[name], reps, m.knobs.elastic_tail, m.knobs.widen_live_per_replica):
+                wide = plan_widening(m.specs[name], m.cost, reps, rem, self.snap.free_gpus, self.snap.num_gpus)
+                if wide is not None:
+                    self.widenings[name] = wide
         return now + max(rem, default=0.0)
 
     def _plan(self, name: str, reps, rem) -> MigrationPlan | None:
@@ -124,6 +149,7 @@ class RollForward:
         snap, m, now = self.snap, self.planning, self.snap.now_s
         end, host, owner = self.end.copy(), self.host_from.copy(), self.owner.copy()
         home = {v.name: len(v.train_gpus) for v in snap.pipelines if v.train_gpus}
+        at_home = {v.name: np.array(v.train_gpus) for v in snap.pipelines if v.train_gpus}
         state: dict[str, tuple[float, str, int, int]] = {}  # pipeline -> (ready s, next stage, step, depth)
         for v in snap.pipelines:
             if not v.arrived or v.finished or not v.running:
@@ -138,14 +164,8 @@ class RollForward:
             if r.pipeline not in state:
                 state[r.pipeline] = (now, r.stage, r.step, 0)
         for a in actions:
-            if isinstance(a, Migrate):
-                plan = self.migrations[a.pipeline]
-                idx = list(plan.freed_gpus)
-                end[idx], host[idx], owner[idx] = now, math.inf, -1
-                tail = max(self.replica_end[i] for i in a.targets) - now
-                stop = now + plan.reprefill_s + tail * plan.slowdown
-                for i in a.targets:
-                    end[list(self.replica_gpus[i])] = stop
+            if isinstance(a, (Migrate, WidenTail)):
+                stop = self._move_tail(a, end, host, owner)
                 state[a.pipeline] = (stop, LOGPROB, state[a.pipeline][2], 1)
         early: dict[str, tuple[int, float]] = {}  # pipeline -> (step, end) of a rollout started ahead of its chain
         for a in actions:
@@ -153,6 +173,7 @@ class RollForward:
                 d = self.dur(a.pipeline, a.stage, len(a.gpus))
                 if a.stage == LOGPROB:
                     home[a.pipeline] = len(a.gpus)
+                    at_home[a.pipeline] = np.array(a.gpus)
                 idx = np.array(a.gpus)
                 if a.sm_share < 1.0:
                     busy = idx[end[idx] > now]
@@ -180,9 +201,25 @@ class RollForward:
             if ahead is not None and (stage, step) == (ROLLOUT, ahead[0]):
                 stop = max(t, ahead[1])  # already running
             else:
-                stop = self._place(end, host, owner, home, name, stage, t)
+                stop = self._place_next(end, host, owner, (home, at_home), name, stage, t)
             heapq.heappush(heap, (stop, i, name, NEXT_STAGE[stage], step + (stage == WEIGHT_SYNC), depth + 1))
         return worst + total / max(1, len(m.specs))
+
+    def _move_tail(self, a: Migrate | WidenTail, end, host, owner) -> float:
+        """Apply a planned merge or tail move to the release times; return when the rollout is predicted to end."""
+        now = self.snap.now_s
+        plan = self.migrations[a.pipeline] if isinstance(a, Migrate) else self.widenings[a.pipeline]
+        idx = list(plan.freed_gpus)
+        end[idx], host[idx], owner[idx] = now, math.inf, -1
+        if isinstance(a, WidenTail):
+            end[list(a.gpus)], host[list(a.gpus)] = now + plan.end_s, math.inf
+            owner[list(a.gpus)] = self.planning.index[a.pipeline]
+            return now + plan.end_s
+        tail = max(self.replica_end[i] for i in a.targets) - now
+        stop = now + plan.reprefill_s + tail * plan.slowdown
+        for i in a.targets:
+            end[list(self.replica_gpus[i])] = stop
+        return stop
 
     def _occupy(self, end, host, owner, idx, start: float, d: float, name: str, stage: str) -> None:
         m = self.planning
@@ -206,6 +243,39 @@ class RollForward:
         if later.size > 1:  # distinct values of a sorted array
             later = later[np.concatenate(([True], later[1:] != later[:-1]))]
         return [t, *later[:WAIT_OPTIONS].tolist()]
+
+    def _place_next(self, end, host, owner, homes: tuple[dict, dict], name: str, stage: str, t: float) -> float:
+        """Place ``stage`` of ``name``: at home when its training state has one, else where it finishes first
+        (a log-prob pass's GPUs become the pipeline's home)."""
+        home, at_home = homes
+        if stage in (UPDATE, WEIGHT_SYNC) and name in at_home:
+            return self._place_at_home(end, host, owner, at_home[name], name, stage, t)
+        stop = self._place(end, host, owner, home, name, stage, t)
+        if stage == LOGPROB:
+            at_home[name] = self._placed
+        return stop
+
+    def _place_at_home(self, end, host, owner, idx: np.ndarray, name: str, stage: str, t: float) -> float:
+        """Start an update or weight sync of ``name`` (ready at ``t``) on the GPUs holding its training state,
+        ``idx``, as the policy does (:meth:`LookAheadPolicy._start_at_home`): when they are all free, or, for an
+        update with co-location on, beside other pipelines' rollout tails on them once those are joinable. A sync
+        never joins a rollout (as live). Returns its predicted end."""
+        m = self.planning
+        d = self.dur(name, stage, len(idx))
+        tau = max(t, float(end[idx].max()))
+        finish, co = tau + d, None
+        if stage == UPDATE and m.knobs.colocation:
+            busy = idx[end[idx] > t]
+            tails = owner[busy]
+            if busy.size and np.all(tails >= 0) and np.all(tails != m.index[name]):
+                join = max(t, float(host[busy].max()))
+                if join < tau and join + d / m.train_speed < finish - 1e-9:
+                    tau, finish, co = join, join + d / m.train_speed, busy
+        slowed = None if co is None else tau + (end[co] - tau) / TAIL_SLOWDOWN
+        self._occupy(end, host, owner, idx, tau, finish - tau, name, stage)
+        if co is not None:
+            end[co] = np.maximum(slowed, finish)
+        return finish
 
     def _place(self, end, host, owner, home, name: str, stage: str, t: float) -> float:
         """Start ``stage`` of ``name`` (ready at ``t``) where it finishes first; return its predicted end.
@@ -255,6 +325,7 @@ class RollForward:
             co = None if extra is None else np.flatnonzero(joinable[i])[:extra]
         if stage == LOGPROB:
             home[name] = len(free) + (0 if co is None else len(co))
+            self._placed = free if co is None else np.concatenate([free, co])
         self._occupy(end, host, owner, free, tau, finish - tau, name, stage)
         if co is not None and co.size:
             end[co] = tau + (end[co] - tau) / TAIL_SLOWDOWN
