@@ -13,11 +13,22 @@ from jigsaw_verl.model.cost_model import CostModel
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.rollout_engine import ReplicaEngine, Request
 from jigsaw_verl.model.spec import SpecError, workload_from_dict
-from jigsaw_verl.policy.interface import Migrate, ReplicaView, SchedulerOutput, StageTiming, StartStage
+from jigsaw_verl.policy.interface import (
+    Lease,
+    Migrate,
+    PipelineView,
+    ReplicaView,
+    SchedulerOutput,
+    Snapshot,
+    StageTiming,
+    StartStage,
+)
 from jigsaw_verl.policy.jigsaw.interference import InterferenceTable
 from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
 from jigsaw_verl.policy.jigsaw.lookahead import LookAheadPolicy
 from jigsaw_verl.policy.jigsaw.migration_planner import plan_migration
+from jigsaw_verl.policy.jigsaw.planning import PlanningModel
+from jigsaw_verl.policy.jigsaw.rollforward import RollForward
 from jigsaw_verl.sim.predictor_report import predictor_error
 from jigsaw_verl.sim.simulator import SimulationError, Simulator
 
@@ -328,3 +339,31 @@ def test_a_sync_pipelines_weight_sync_is_charged_verls_hybrid_engine_switch():
         assert s.end_s - s.start_s > cost.weight_sync_transfer(spec.model, len(s.gpus), len(s.gpus), same_node=True)
     prior = policy.planning.pred.prior("a")[WEIGHT_SYNC]
     assert prior[2] == pytest.approx(cost.weight_sync_colocated(w.pipeline("a").model, 2))
+
+
+def test_the_roll_forward_places_an_update_on_the_gpus_holding_its_training_state():
+    """As the policy does (``_start_at_home``): a's update waits for its training GPUs when another pipeline's
+    rollout holds them, instead of taking whichever GPUs free first."""
+    w = workload_from_dict(tiny_workload_dict(num_gpus=4, pipelines=[tiny_pipeline("a"), tiny_pipeline("b")]), "t")
+    planning = PlanningModel(w, JigsawKnobs(colocation=False))
+    replicas = tuple(
+        ReplicaView(replica=g, pipeline="b", step=1, gpus=(g,), live=8, queued=0, context_tokens=6000,
+                    generated_tokens=4000, started_s=0.0)
+        for g in (0, 1)
+    )  # fmt: skip
+
+    def score(a_home):
+        def view(name, i, running, train):
+            return PipelineView(name=name, index=i, arrival_s=0.0, arrived=True, started=True, finished=False,
+                                version=1, steps_done=1, running=running, rollout_gpus=frozenset(),
+                                running_since_s=(0.0,), train_gpus=train)  # fmt: skip
+
+        leases = tuple((Lease(pipeline="b" if g < 2 else "a", stage="x", sm_share=1.0),) for g in range(4))
+        snap = Snapshot(
+            now_s=0.0, num_gpus=4, free_gpus=frozenset(), ready=(),
+            pipelines=(view("a", 0, ((1, "logprob", (2, 3)),), a_home), view("b", 1, ((1, ROLLOUT, (0, 1)),), ())),
+            last_pipeline=("b", "b", "a", "a"), leases=leases, free_bytes=(0.0,) * 4, replicas=replicas,
+        )  # fmt: skip
+        return RollForward(planning, snap).score(())
+
+    assert score((0, 1)) > score((2, 3))
