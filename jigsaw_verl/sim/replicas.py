@@ -228,17 +228,12 @@ class ReplicaRunner:
         if gang.current is None:
             self._next_node(gang)
 
-    def _migrate(self, m: Migrate) -> None:
-        by_id = {e.worker: e for e in self.engines}
-        ids = list(m.sources) + list(m.targets)
-        if not m.sources or not m.targets or len(set(ids)) != len(ids) or any(i not in by_id for i in ids):
-            raise SimulationError(f"{self.policy.name}: {m} names replicas that are not live, or repeats one")
-        if any(by_id[i].pipeline != m.pipeline for i in ids):
-            raise SimulationError(f"{self.policy.name}: {m} mixes pipelines")
-        targets = [by_id[i] for i in m.targets]
+    def _empty(self, sources: list[Engine]) -> tuple[list, float]:
+        """Abort every request on ``sources`` and retire them: the requests with their tokens so far, and the
+        GPU-seconds the sources would still have held (each one's longest remaining response at its current step
+        time and rate)."""
         moved, freed = [], 0.0
-        for i in m.sources:
-            e = by_id[i]
+        for e in sources:
             eng = e.engine
             remaining = max((s.req.response_len - s.generated for s in eng.live), default=0)
             step_s = self.cost.decode_step(eng.model, eng.tp, max(1, eng.live_count), eng.context_tokens)
@@ -247,6 +242,17 @@ class ReplicaRunner:
             self._record_acts(e, acts)
             moved += reqs
             self._retire(e)
+        return moved, freed
+
+    def _migrate(self, m: Migrate) -> None:
+        by_id = {e.worker: e for e in self.engines}
+        ids = list(m.sources) + list(m.targets)
+        if not m.sources or not m.targets or len(set(ids)) != len(ids) or any(i not in by_id for i in ids):
+            raise SimulationError(f"{self.policy.name}: {m} names replicas that are not live, or repeats one")
+        if any(by_id[i].pipeline != m.pipeline for i in ids):
+            raise SimulationError(f"{self.policy.name}: {m} mixes pipelines")
+        targets = [by_id[i] for i in m.targets]
+        moved, freed = self._empty([by_id[i] for i in m.sources])
         for req, _ in moved:
             cap = min(t.engine.kv_capacity for t in targets)
             if req.prompt_len + req.response_len > cap:
@@ -300,17 +306,7 @@ class ReplicaRunner:
         sources = self._check_widen(w)
         ps = self.pipes[w.pipeline]
         step = max(e.step for e in sources)
-        freed = 0.0
-        moved: list = []
-        for e in sources:
-            eng = e.engine
-            remaining = max((s.req.response_len - s.generated for s in eng.live), default=0)
-            step_s = self.cost.decode_step(eng.model, eng.tp, max(1, eng.live_count), eng.context_tokens)
-            freed += remaining * step_s / max(e.rate, 1e-9) * len(e.gpus)
-            reqs, acts = eng.abort(self._local(e))
-            self._record_acts(e, acts)
-            moved += reqs
-            self._retire(e)
+        moved, freed = self._empty(sources)
         longest = max(r.prompt_len + r.response_len for r, _ in moved)
         gpus = tuple(sorted(w.gpus))
         try:

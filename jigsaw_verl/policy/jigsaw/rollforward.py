@@ -56,7 +56,7 @@ class RollForward:
         self.planning, self.snap = planning, snap
         self.corr = planning.pred.corrections(snap.history)
         self._dur: dict[tuple[str, str, int], float] = {}
-        self._width_memo: dict[tuple[str, str, int, int], int] = {}
+        self._width_memo: dict[tuple[str, str, int], int] = {}
         self.curves = {h.pipeline: h for h in snap.history if h.stage == ROLLOUT}
         now, n = snap.now_s, snap.num_gpus
         active = self.active = active_pipelines(snap)
@@ -68,7 +68,6 @@ class RollForward:
         self.stage_end: dict[str, float] = {}
         self.replica_end: dict[int, float] = {}
         self.replica_gpus = {r.replica: r.gpus for r in snap.replicas}
-        self._placed = np.zeros(0, dtype=int)  # the GPUs the last log-prob pass placed by _place took
         self.migrations: dict[str, MigrationPlan] = {}
         self.widenings: dict[str, WideningPlan] = {}
         by_pipe: dict[str, list] = {}
@@ -130,14 +129,12 @@ class RollForward:
             self._dur[key] = self.corr.get((name, stage), 1.0) * self.planning.pred.prior_s(name, stage, gpus)
         return self._dur[key]
 
-    def _width(self, name: str, stage: str, k: int, home: dict[str, int]) -> int:
+    def _width(self, name: str, stage: str, k: int) -> int:
         """The width the policy would give ``stage`` out of ``k`` GPUs."""
         m = self.planning
         if stage == ROLLOUT:
             tp = m.specs[name].rollout_tp
             return min(k, m.rollout_cap(name, self.fair)) // tp * tp
-        if stage in (UPDATE, WEIGHT_SYNC) and name in home:
-            return min(k, home[name])
         if k <= 0:
             return 0
         return max(min(k, m.rm.min_train[name]), m.best_width(name, LOGPROB, k))
@@ -148,8 +145,7 @@ class RollForward:
         (weighted) plus the mean, so none is starved and no GPU time is wasted."""
         snap, m, now = self.snap, self.planning, self.snap.now_s
         end, host, owner = self.end.copy(), self.host_from.copy(), self.owner.copy()
-        home = {v.name: len(v.train_gpus) for v in snap.pipelines if v.train_gpus}
-        at_home = {v.name: np.array(v.train_gpus) for v in snap.pipelines if v.train_gpus}
+        home = {v.name: np.array(v.train_gpus) for v in snap.pipelines if v.train_gpus}  # GPUs of training state
         state: dict[str, tuple[float, str, int, int]] = {}  # pipeline -> (ready s, next stage, step, depth)
         for v in snap.pipelines:
             if not v.arrived or v.finished or not v.running:
@@ -172,8 +168,7 @@ class RollForward:
             if isinstance(a, StartStage):
                 d = self.dur(a.pipeline, a.stage, len(a.gpus))
                 if a.stage == LOGPROB:
-                    home[a.pipeline] = len(a.gpus)
-                    at_home[a.pipeline] = np.array(a.gpus)
+                    home[a.pipeline] = np.array(a.gpus)
                 idx = np.array(a.gpus)
                 if a.sm_share < 1.0:
                     busy = idx[end[idx] > now]
@@ -201,7 +196,11 @@ class RollForward:
             if ahead is not None and (stage, step) == (ROLLOUT, ahead[0]):
                 stop = max(t, ahead[1])  # already running
             else:
-                stop = self._place_next(end, host, owner, (home, at_home), name, stage, t)
+                stop = (
+                    self._place_at_home(end, host, owner, home[name], name, stage, t)
+                    if stage in (UPDATE, WEIGHT_SYNC) and name in home
+                    else self._place(end, host, owner, home, name, stage, t)
+                )
             heapq.heappush(heap, (stop, i, name, NEXT_STAGE[stage], step + (stage == WEIGHT_SYNC), depth + 1))
         return worst + total / max(1, len(m.specs))
 
@@ -244,17 +243,6 @@ class RollForward:
             later = later[np.concatenate(([True], later[1:] != later[:-1]))]
         return [t, *later[:WAIT_OPTIONS].tolist()]
 
-    def _place_next(self, end, host, owner, homes: tuple[dict, dict], name: str, stage: str, t: float) -> float:
-        """Place ``stage`` of ``name``: at home when its training state has one, else where it finishes first
-        (a log-prob pass's GPUs become the pipeline's home)."""
-        home, at_home = homes
-        if stage in (UPDATE, WEIGHT_SYNC) and name in at_home:
-            return self._place_at_home(end, host, owner, at_home[name], name, stage, t)
-        stop = self._place(end, host, owner, home, name, stage, t)
-        if stage == LOGPROB:
-            at_home[name] = self._placed
-        return stop
-
     def _place_at_home(self, end, host, owner, idx: np.ndarray, name: str, stage: str, t: float) -> float:
         """Start an update or weight sync of ``name`` (ready at ``t``) on the GPUs holding its training state,
         ``idx``, as the policy does (:meth:`LookAheadPolicy._start_at_home`): when they are all free, or, for an
@@ -295,28 +283,27 @@ class RollForward:
         if joins:
             joinable = (host <= at[:, None]) & (end > taus[:, None]) & (owner != me)
             co_counts = np.count_nonzero(joinable, axis=1).tolist()
-        h = home.get(name, 0)
         width, durs = self._width_memo, self._dur
         best = None
         for i, tau in enumerate(moments):
             k = counts[i]
-            key = (name, stage, k, h)
-            g = width[key] if key in width else width.setdefault(key, self._width(name, stage, k, home))
+            key = (name, stage, k)
+            g = width[key] if key in width else width.setdefault(key, self._width(name, stage, k))
             if g >= need:
                 dk = (name, stage, g)
                 finish = tau + (durs[dk] if dk in durs else self.dur(name, stage, g))
                 if best is None or finish < best[0] - 1e-9:
                     best = (finish, i, g, None)
             if joins and co_counts[i]:
-                key = (name, stage, k + co_counts[i], h)
-                g2 = width[key] if key in width else width.setdefault(key, self._width(name, stage, key[2], home))
+                key = (name, stage, k + co_counts[i])
+                g2 = width[key] if key in width else width.setdefault(key, self._width(name, stage, key[2]))
                 if g2 >= need and g2 > g:
                     finish = tau + self.dur(name, stage, g2) / m.train_speed
                     if best is None or finish < best[0] - 1e-9:
                         best = (finish, i, k, g2 - k)
         if best is None:  # nothing ever frees in the model: start when the last GPU frees
             tau = float(es[-1])
-            g = max(need, self._width(name, stage, len(end), home))
+            g = max(need, self._width(name, stage, len(end)))
             finish, free, co = tau + self.dur(name, stage, g), np.argsort(end)[:g], None
         else:
             finish, i, g, extra = best
@@ -324,8 +311,7 @@ class RollForward:
             free = np.flatnonzero(end <= taus[i])[:g]
             co = None if extra is None else np.flatnonzero(joinable[i])[:extra]
         if stage == LOGPROB:
-            home[name] = len(free) + (0 if co is None else len(co))
-            self._placed = free if co is None else np.concatenate([free, co])
+            home[name] = free if co is None else np.concatenate([free, co])
         self._occupy(end, host, owner, free, tau, finish - tau, name, stage)
         if co is not None and co.size:
             end[co] = tau + (end[co] - tau) / TAIL_SLOWDOWN
