@@ -85,7 +85,7 @@ def calibration_workloads(steps: int) -> dict[str, tuple[dict, float]]:
 def rollout_share(workload_dict: dict) -> dict:
     w = workload_from_dict(workload_dict, workload_dict["name"])
     (policy,) = POLICIES.get("verl-seq").build(w)
-    r = Simulator(w, policy, CostModel(w.cluster.gpu)).run()
+    r = Simulator(w, policy, CostModel.for_cluster(w.cluster)).run()
     per_stage: dict[str, float] = {}
     for s in r.stages:
         per_stage[s.stage] = per_stage.get(s.stage, 0.0) + s.end_s - s.start_s
@@ -98,13 +98,15 @@ def rollout_share(workload_dict: dict) -> dict:
     }
 
 
-def stage_profile(steps: int) -> dict[str, dict[str, float]]:
+def stage_profile(steps: int, efficiency: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
     """Per stage of the profile, the simulated seconds per step of the bundled paper-setting job alone on its pool
-    (verl's timers: the log-prob stage's offload copies count to old_log_prob, as verl loads the actor there)."""
+    (verl's timers: the log-prob stage's offload copies count to old_log_prob, as verl loads the actor there), with
+    the workload's efficiencies or ``efficiency`` instead."""
     w = load_workload(PROFILE_WORKLOAD)
-    w = replace(w, pipelines=(replace(w.pipelines[0], steps=steps),))
+    cluster = w.cluster if efficiency is None else replace(w.cluster, efficiency=tuple(sorted(efficiency.items())))
+    w = replace(w, cluster=cluster, pipelines=(replace(w.pipelines[0], steps=steps),))
     (policy,) = POLICIES.get("verl-seq").build(w)
-    r = Simulator(w, policy, CostModel(w.cluster.gpu, gpus_per_node=w.cluster.gpus_per_node)).run()
+    r = Simulator(w, policy, CostModel.for_cluster(w.cluster)).run()
     sim = dict.fromkeys(PROFILE_S, 0.0)
     for s in r.slices:
         part = s.name.split("/")[0]
@@ -121,12 +123,42 @@ def stage_profile(steps: int) -> dict[str, dict[str, float]]:
     }
 
 
+def _bisect(f, lo: float, hi: float, iters: int = 14) -> float:
+    """The root of ``f`` (increasing in its argument) in [lo, hi], geometrically."""
+    for _ in range(iters):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return (lo * hi) ** 0.5
+
+
+def fit_efficiency(steps: int) -> dict[str, float]:
+    """The two training-side MFUs that put the profile's stages where it measured them, from the defaults of every
+    other constant: ``train_mfu`` so that ``update_actor`` matches; ``logprob_mfu``, shared by the old and reference
+    log-prob passes, so that their two ratios to the profile are equally far from 1 on either side (the minimax
+    fit). Generation depends on neither and stays a check."""
+    base = load_workload(PROFILE_WORKLOAD).cluster.efficiency
+    others = {k: v for k, v in base if k not in ("train_mfu", "logprob_mfu")}
+
+    def ratio(stage: str, **mfu: float) -> float:
+        return stage_profile(steps, {**others, **mfu})[stage]["ratio"]
+
+    train = _bisect(lambda m: 1.0 - ratio("update_actor", train_mfu=m), 0.02, 1.0)
+    logprob = _bisect(
+        lambda m: 1.0 - ratio("old_log_prob", logprob_mfu=m, train_mfu=train) * ratio("ref", logprob_mfu=m), 0.02, 1.0
+    )
+    return {**others, "train_mfu": round(train, 3), "logprob_mfu": round(logprob, 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=3, help="steps to simulate per workload (default 3)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--per-stage", action="store_true", help="also fail when a profiled stage is off")
+    ap.add_argument("--fit", action="store_true", help="fit the profile workload's training-side MFUs and print them")
     args = ap.parse_args(argv)
+    if args.fit:
+        fitted = fit_efficiency(args.steps)
+        print("cluster.efficiency fitted to the profile: {" + ", ".join(f"{k}: {v:g}" for k, v in fitted.items()) + "}")
     out, ok = {}, True
     for name, (wd, target) in calibration_workloads(args.steps).items():
         fig = rollout_share(wd)

@@ -26,6 +26,19 @@ def test_bundled_workloads_load():
     assert hetero.pipeline("mid-async").rollout_tp == 2 and hetero.pipeline("ppo-critic").critic
 
 
+def test_measured_efficiencies_reach_the_cost_model():
+    """``cluster.efficiency`` overrides the named cost-model constants for every cost model built for the pool; the
+    others keep their defaults."""
+    from jigsaw_verl.model.cost_model import CostModel, Efficiency
+
+    d = tiny_workload_dict()
+    d["cluster"]["efficiency"] = {"train_mfu": 0.2, "colocated_switch_s": 3}
+    eff = CostModel.for_cluster(workload_from_dict(d).cluster).eff
+    assert (eff.train_mfu, eff.colocated_switch_s) == (0.2, 3.0)
+    assert eff.logprob_mfu == Efficiency().logprob_mfu
+    assert CostModel.for_cluster(workload_from_dict(tiny_workload_dict()).cluster).eff == Efficiency()
+
+
 def test_defaults_fill_optional_keys():
     d = tiny_workload_dict()
     for k in ("algorithm", "mode", "ref_model", "steps"):
@@ -100,6 +113,31 @@ BAD = {
         lambda d: d["pipelines"][0].update(model="qwen3-4b", gpu_memory_utilization=0.05),
         "pipelines[0].gpu_memory_utilization",
         "at least 0.1 would",
+    ),
+    "unknown efficiency": (
+        lambda d: d["cluster"].update(efficiency={"trian_mfu": 0.2}),
+        "cluster.efficiency.trian_mfu",
+        "unknown key (allowed: attention_hbm_efficiency",
+    ),
+    "mfu above one": (
+        lambda d: d["cluster"].update(efficiency={"train_mfu": 1.5}),
+        "cluster.efficiency.train_mfu",
+        "must be in (0, 1]",
+    ),
+    "efficiency not a number": (
+        lambda d: d["cluster"].update(efficiency={"logprob_mfu": "low"}),
+        "cluster.efficiency.logprob_mfu",
+        "expected a number",
+    ),
+    "negative overhead": (
+        lambda d: d["cluster"].update(efficiency={"colocated_switch_s": -1}),
+        "cluster.efficiency.colocated_switch_s",
+        "must be >= 0",
+    ),
+    "recompute below one": (
+        lambda d: d["cluster"].update(efficiency={"train_recompute_factor": 0.5}),
+        "cluster.efficiency.train_recompute_factor",
+        "must be >= 1",
     ),
     "log-prob micro-batch too small": (
         lambda d: d["pipelines"][0].update(logprob_micro_batch_tokens=1000),

@@ -126,6 +126,12 @@ class CostModel:
         self.gpus_per_node = gpus_per_node
         self.eff = eff or Efficiency()
 
+    @classmethod
+    def for_cluster(cls, cluster) -> CostModel:
+        """The cost model of a workload's pool (:class:`~jigsaw_verl.model.spec.ClusterSpec`): its GPU, node size
+        and the efficiencies measured for it, if any."""
+        return cls(cluster.gpu, gpus_per_node=cluster.gpus_per_node, eff=Efficiency(**dict(cluster.efficiency)))
+
     # ---- rollout ---------------------------------------------------------------------------------------------
     def decode_coeffs(self, model: ModelSpec, tp: int) -> DecodeCoeffs:
         g, e = self.gpu, self.eff

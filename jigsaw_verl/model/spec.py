@@ -7,10 +7,11 @@ message is one line naming the file, the key and what is wrong.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from jigsaw_verl.model.catalogue import GPUS, MODELS, GPUSpec, ModelSpec
+from jigsaw_verl.model.cost_model import Efficiency
 from jigsaw_verl.model.memory import kv_capacity_tokens, min_train_gpus, rollout_weight_bytes
 
 MAX_PIPELINES = 64
@@ -51,11 +52,15 @@ class ClusterSpec:
         gpu: GPU type from the catalogue.
         num_gpus: GPUs in the pool.
         gpus_per_node: GPUs that share NVLink.
+        efficiency: cost-model efficiencies measured for this pool's stack, overriding the defaults of
+            :class:`~jigsaw_verl.model.cost_model.Efficiency` by field name (``scripts/calibrate.py --fit`` derives
+            them from one profiled verl step); empty: the defaults.
     """
 
     gpu: GPUSpec
     num_gpus: int
     gpus_per_node: int
+    efficiency: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +173,7 @@ _PIPELINE_KEYS = {
     "weight", "max_latency_inflation", "logprob_micro_batch_tokens", "param_offload", "optimizer_offload",
     "gpu_memory_utilization", "rollout_elastic_tp",
 }  # fmt: skip
-_CLUSTER_KEYS = {"gpu", "num_gpus", "gpus_per_node"}
+_CLUSTER_KEYS = {"gpu", "num_gpus", "gpus_per_node", "efficiency"}
 _TOP_KEYS = {"name", "seed", "cluster", "pipelines"}
 
 
@@ -277,7 +282,10 @@ def workload_from_dict(data: Any, source: str = "<dict>") -> WorkloadSpec:
     per_node = r.integer(raw_cluster.get("gpus_per_node", min(8, num_gpus)), "cluster.gpus_per_node")
     if num_gpus % per_node and num_gpus > per_node:
         raise r.fail("cluster.num_gpus", f"{num_gpus} is not a whole number of nodes of {per_node} GPUs")
-    cluster = ClusterSpec(gpu=GPUS[raw_cluster["gpu"]], num_gpus=num_gpus, gpus_per_node=min(per_node, num_gpus))
+    efficiency = _efficiency(r, raw_cluster.get("efficiency", {}), "cluster.efficiency")
+    cluster = ClusterSpec(
+        gpu=GPUS[raw_cluster["gpu"]], num_gpus=num_gpus, gpus_per_node=min(per_node, num_gpus), efficiency=efficiency
+    )
 
     raw_pipes = top["pipelines"]
     if not isinstance(raw_pipes, list) or not raw_pipes:
@@ -292,6 +300,22 @@ def workload_from_dict(data: Any, source: str = "<dict>") -> WorkloadSpec:
             raise r.fail(f"pipelines[{i}].name", f"pipeline name {pipelines[-1].name!r} is repeated")
         seen.add(pipelines[-1].name)
     return WorkloadSpec(name=name, seed=seed, cluster=cluster, pipelines=tuple(pipelines), source=source)
+
+
+def _efficiency(r: _Reader, raw: Any, key: str) -> tuple[tuple[str, float], ...]:
+    """Overrides of the cost model's float efficiencies: MFUs, bandwidth efficiencies and SM shares in (0, 1], the
+    co-location penalty below 1, the recompute factor at least 1, the others (seconds) numbers >= 0."""
+    floats = {f.name for f in fields(Efficiency) if isinstance(getattr(Efficiency(), f.name), float)}
+    out = []
+    for name, value in sorted(r.mapping(raw, key, floats).items()):
+        fractional = name.endswith(("_mfu", "_efficiency", "_share"))
+        number = r.fraction(value, f"{key}.{name}") if fractional else r.number(value, f"{key}.{name}", positive=False)
+        if name == "colocation_penalty" and number >= 1 or name == "train_recompute_factor" and number < 1:
+            raise r.fail(
+                f"{key}.{name}", f"must be {'< 1' if name == 'colocation_penalty' else '>= 1'}, got {number:g}"
+            )
+        out.append((name, number))
+    return tuple(out)
 
 
 def _pipeline(r: _Reader, raw: Any, key: str, cluster: ClusterSpec) -> PipelineSpec:

@@ -158,7 +158,7 @@ def lower_bound(
     """Compute the bound for ``workload`` (seconds from time 0) for schedules that run each pipeline with at most
     ``staleness[pipeline]`` (default: :func:`declared_staleness`)."""
     staleness = declared_staleness(workload) if staleness is None else staleness
-    cost = cost or CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
+    cost = cost or CostModel.for_cluster(workload.cluster)
     G = workload.cluster.num_gpus
     per_pipe: dict[str, Work] = {}
     chains: dict[str, float] = {}

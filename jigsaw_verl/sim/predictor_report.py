@@ -36,7 +36,7 @@ class PredictorError:
 
 
 def predictor_error(workload: WorkloadSpec, result: SimResult, cost: CostModel | None = None) -> PredictorError:
-    cost = cost or CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
+    cost = cost or CostModel.for_cluster(workload.cluster)
     pred = Predictor(workload.pipelines, cost, workload.cluster.num_gpus, workload.seed)
     offsets = result.rollout_finish_offsets
     history = [

@@ -145,7 +145,7 @@ class Runner:
         self.w = workload
         self.exhaustive = exhaustive
         self.split_search: SplitSearch = fastest_split_alone if exhaustive else fastest_split_pruned
-        self.cost = CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
+        self.cost = CostModel.for_cluster(workload.cluster)
         self.progress = progress or (lambda line: None)
         self._runs: dict[tuple[str, str], SimResult] = {}
         self._configs: dict[tuple[str, str], list[Policy]] = {}

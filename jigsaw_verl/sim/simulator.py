@@ -76,7 +76,7 @@ class Simulator(ReplicaRunner):
     def __init__(self, workload: WorkloadSpec, policy: Policy, cost: CostModel | None = None):
         self.w = workload
         self.policy = policy
-        self.cost = cost or CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
+        self.cost = cost or CostModel.for_cluster(workload.cluster)
         self.n = workload.cluster.num_gpus
         self.pipes = {
             p.name: SimPipe.of(p, i, policy.mode(p.name), sample_steps(p, workload.seed))

@@ -33,7 +33,7 @@ SHARES: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 # Representative per-GPU needs (fraction of SMs, fraction of HBM bandwidth) of each class running alone: a
 # training micro-batch keeps SMs busy; a long-tail decode step streams weights and KV with a few SMs.
-_REPRESENTATIVE = {"compute": (0.95, 0.1), "memory": (0.25, 0.6)}
+REPRESENTATIVE = {"compute": (0.95, 0.1), "memory": (0.25, 0.6)}
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class InterferenceTable:
             for b in CLASSES:
                 row = []
                 for s in SHARES:
-                    la = cost.stage_load_from_needs(*_REPRESENTATIVE[a], sm_share=s)
-                    lb = cost.stage_load_from_needs(*_REPRESENTATIVE[b], sm_share=1.0 - s)
+                    la = cost.stage_load_from_needs(*REPRESENTATIVE[a], sm_share=s)
+                    lb = cost.stage_load_from_needs(*REPRESENTATIVE[b], sm_share=1.0 - s)
                     row.append(cost.colocated_rates(la, lb) or (0.0, 0.0))
                 rates[f"{a}|{b}"] = tuple(row)
         return cls(cost.gpu.name, SHARES, rates)

@@ -48,6 +48,9 @@ class _FirstFit:
         started: GPUs this plan starts something on.
         actions: the starts, in order.
         blocked: GPUs a newcomer may not join (free or taken), once a co-location asked for it.
+        gangs: per GPU, a training gang this plan starts alone on it (free before): its pipeline and the bytes it
+            takes there. A rollout may join it in the same plan, as it would in the decision right after (the
+            executors apply a plan's starts in order, so the gang's lease exists when the rollout asks).
     """
 
     def __init__(self, free: set[int], taken: set[int]):
@@ -55,20 +58,29 @@ class _FirstFit:
         self.started: set[int] = set()
         self.actions: list[StartStage] = []
         self.blocked: np.ndarray | None = None
+        self.gangs: dict[int, tuple[str, float]] = {}
 
     def blocked_mask(self, num_gpus: int) -> np.ndarray:
         if self.blocked is None:
             self.blocked = np.zeros(num_gpus, dtype=bool)
             self.blocked[list(self.free | self.taken)] = True
+            self.blocked[list(self.gangs)] = False
         return self.blocked
 
-    def take(self, start: StartStage) -> None:
+    def take(self, start: StartStage, gang_bytes: float | None = None) -> None:
+        """Record ``start``; ``gang_bytes``: it is a training gang on free GPUs that a rollout may join."""
         self.actions.append(start)
+        joined = set(start.gpus) - self.free
+        for g in joined:
+            self.gangs.pop(g, None)
+        if gang_bytes is not None and not joined:
+            self.gangs.update(dict.fromkeys(start.gpus, (start.pipeline, gang_bytes)))
         self.free -= set(start.gpus)
         self.taken |= set(start.gpus)
         self.started |= set(start.gpus)
         if self.blocked is not None:
             self.blocked[list(start.gpus)] = True
+            self.blocked[list(self.gangs)] = False
 
 
 class LookAheadPolicy:
@@ -201,7 +213,8 @@ class LookAheadPolicy:
             else:
                 start = self._start_first_fit(snap, r, plan, caps=caps, colocate=colocate, fair=fair)
             if start is not None:
-                plan.take(start)
+                gang = start.stage in (LOGPROB, UPDATE) and start.sm_share == 1.0
+                plan.take(start, self._stage_bytes(r.pipeline, r.stage, len(start.gpus)) if gang else None)
         return tuple(plan.actions)
 
     def _start_at_home(
@@ -241,7 +254,7 @@ class LookAheadPolicy:
         gpus = gpus[: len(gpus) // unit * unit]
         share = 1.0
         if colocate and r.stage in (ROLLOUT, LOGPROB):
-            gpus, share = self._join_others(snap, r, gpus, need, unit, plan.blocked_mask(snap.num_gpus))
+            gpus, share = self._join_others(snap, r, gpus, need, unit, plan)
         if len(gpus) < need:
             return None
         if r.stage == LOGPROB and caps is None and len(gpus) < fair // 2 and len(plan.free) < snap.num_gpus:
@@ -249,12 +262,12 @@ class LookAheadPolicy:
         return StartStage(r.pipeline, r.step, r.stage, tuple(gpus), share)
 
     def _join_others(
-        self, snap: Snapshot, r: ReadyStage, gpus: list[int], need: int, unit: int, blocked: np.ndarray
+        self, snap: Snapshot, r: ReadyStage, gpus: list[int], need: int, unit: int, plan: _FirstFit
     ) -> tuple[list[int], float]:
         """``gpus`` widened onto GPUs another pipeline holds alone, with the SM share ``r`` leases there, when
         ``r`` is short of GPUs or (a log-prob pass) the wider gang pays for its slowdown; else ``gpus``, 1."""
         m = self.planning
-        joint = self._joinable(snap, r.pipeline, r.stage, None, max(need, len(gpus) + 1), blocked)
+        joint = self._joinable(snap, r.pipeline, r.stage, None, max(need, len(gpus) + 1), plan)
         speed = m.train_speed if r.stage != ROLLOUT else 1.0
         gain = r.stage == LOGPROB and speed * (len(gpus) + len(joint)) > len(gpus) * 1.25
         if joint and (len(gpus) < need or gain):
@@ -266,21 +279,30 @@ class LookAheadPolicy:
         return gpus, 1.0
 
     def _joinable(
-        self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int] | None, gpus: int, blocked=None
+        self, snap: Snapshot, pipeline: str, stage: str, candidates: list[int] | None, gpus: int, plan=None
     ) -> list[int]:
-        """GPUs among ``candidates`` (every GPU not ``blocked`` when ``None``) held by exactly one lease of another
-        pipeline, a long-tail replica (memory-bound) when the newcomer trains or a gang when it rolls out, with
-        memory for the newcomer; vectorised over the snapshot's leases (read once per snapshot)."""
+        """GPUs among ``candidates`` (every GPU the ``plan`` has not blocked when ``None``) held by exactly one lease
+        of another pipeline, a long-tail replica (memory-bound) when the newcomer trains or a gang when it rolls
+        out, with memory for the newcomer; the gangs ``plan`` itself starts count as leases. Vectorised over the
+        snapshot's leases (read once per snapshot)."""
         single, pipe, roll, ok, free_bytes = self._lease_arrays(snap)
-        key = (pipeline, stage, gpus)
-        if key not in self._bytes:
-            self._bytes[key] = self.planning.rm.stage_bytes(*key)
-        need = self._bytes[key]
+        need = self._stage_bytes(pipeline, stage, gpus)
+        if plan is not None and plan.gangs:
+            single, pipe, roll, ok, free_bytes = (x.copy() for x in (single, pipe, roll, ok, free_bytes))
+            for g, (owner, used) in plan.gangs.items():
+                single[g], pipe[g], roll[g], ok[g] = True, self.planning.index[owner], False, True
+                free_bytes[g] -= used
         mask = single & (pipe != self.planning.index[pipeline]) & (roll != (stage == ROLLOUT)) & ok
         mask &= free_bytes >= need
         if candidates is None:
-            return np.flatnonzero(mask & ~blocked if blocked is not None else mask).tolist()
+            return np.flatnonzero(mask & ~plan.blocked_mask(snap.num_gpus) if plan is not None else mask).tolist()
         return [g for g in candidates if mask[g]]
+
+    def _stage_bytes(self, pipeline: str, stage: str, gpus: int) -> float:
+        key = (pipeline, stage, gpus)
+        if key not in self._bytes:
+            self._bytes[key] = self.planning.rm.stage_bytes(*key)
+        return self._bytes[key]
 
     def _lease_arrays(self, snap: Snapshot) -> tuple:
         """Per GPU: held by exactly one lease; its pipeline's index; whether it is a rollout replica; whether a

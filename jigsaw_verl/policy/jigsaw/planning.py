@@ -14,7 +14,7 @@ from jigsaw_verl.model.graph import ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
 from jigsaw_verl.model.memory import min_train_gpus
 from jigsaw_verl.model.spec import WorkloadSpec
 from jigsaw_verl.policy.interface import Snapshot
-from jigsaw_verl.policy.jigsaw.interference import InterferenceTable, ResourceManager
+from jigsaw_verl.policy.jigsaw.interference import REPRESENTATIVE, InterferenceTable, ResourceManager
 from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
 from jigsaw_verl.policy.jigsaw.predictor import Predictor
 
@@ -61,10 +61,11 @@ class PlanningModel:
         hybrid_sync: frozenset[str] = frozenset(),
     ):
         self.knobs = knobs
-        self.cost = cost or CostModel(workload.cluster.gpu, gpus_per_node=workload.cluster.gpus_per_node)
+        self.cost = cost or CostModel.for_cluster(workload.cluster)
         self.n = workload.cluster.num_gpus
         self.specs = {p.name: p for p in workload.pipelines}
         self.index = {p.name: i for i, p in enumerate(workload.pipelines)}
+        self.names = [p.name for p in workload.pipelines]
         gpu = workload.cluster.gpu
         self.rm = ResourceManager(
             specs=self.specs,
@@ -80,7 +81,19 @@ class PlanningModel:
         )
         # Training joins a long-tail replica (memory-bound) with the SM share the table says pays best.
         self.tail_share, _, self.train_speed = table.best_share("memory", "compute")
+        self._board: dict[str, tuple[float, float]] = {}
         self.alone_step_s = {p: sum(self.pred.prior_s(p, st, self.n) for st in STAGES) for p in self.specs}
+
+    def boarding_speeds(self, pipeline: str) -> tuple[float, float]:
+        """Speeds (fractions of running alone) of ``pipeline``'s rollout started beside another pipeline's training
+        gang at the tail share, and of that gang: the cost model's co-location rates at the rollout's average needs
+        over a step (a rollout that starts beside training is not yet in its tail) and a training stage's."""
+        if pipeline not in self._board:
+            sm, bw = self.pred.rollout_needs(pipeline)
+            roll = self.cost.stage_load_from_needs(min(1.0, sm), min(1.0, bw), sm_share=self.tail_share)
+            train = self.cost.stage_load_from_needs(*REPRESENTATIVE["compute"], sm_share=1.0 - self.tail_share)
+            self._board[pipeline] = self.cost.colocated_rates(roll, train) or (self.train_speed, self.train_speed)
+        return self._board[pipeline]
 
     def rollout_cap(self, pipeline: str, fair: int) -> int:
         """The GPUs a rollout gets out of a ``fair`` share: whole replicas, at least one, so concurrent rollouts

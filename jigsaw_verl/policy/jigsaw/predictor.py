@@ -101,6 +101,7 @@ class Predictor:
         self.cost, self.n, self.seed, self.window = cost, num_gpus, seed, window
         self._prior: dict[str, dict[str, dict[int, float]]] = {}
         self._curves: dict[str, tuple[float, ...]] = {}
+        self._rollout_needs: dict[str, tuple[float, float]] = {}
         self._last_corrections: tuple | None = None  # (history, corrections) of the last call
 
     def _finish_offsets(self, spec: PipelineSpec, samples, replicas: int, cap: int) -> tuple[float, ...]:
@@ -128,6 +129,9 @@ class Predictor:
             for g in _widths(tp, self.n, tp * spec.samples_per_step):
                 chains = rollout_nodes(spec, self.cost, samples, g // tp, cap)
                 roll[g] = max(sum(n.duration_s for n in c) for c in chains)
+                busy = max(sum(n.duration_s for c in chains for n in c) * tp, 1e-12)
+                compute = sum(n.work.compute_s for c in chains for n in c)
+                self._rollout_needs[name] = (compute / busy, sum(n.work.memory_s for c in chains for n in c) / busy)
             self._curves[name] = self._finish_offsets(spec, samples, max(1, min(self.n, 8) // tp), cap)
             seq = (samples.prompt_len + samples.response_len).astype(np.int64)
             lp, up, sync = {}, {}, {}
@@ -168,6 +172,12 @@ class Predictor:
         out = {k: _median(v[-self.window :]) for k, v in obs.items()}
         self._last_corrections = (history, out)
         return dict(out)
+
+    def rollout_needs(self, name: str) -> tuple[float, float]:
+        """The shares of SMs and of HBM bandwidth a replica of ``name``'s rollout keeps busy on average over a step
+        (its prior's work over its replicas' busy time, on the widest width the prior covers)."""
+        self.prior(name)
+        return self._rollout_needs[name]
 
     def prior_s(self, name: str, stage: str, gpus: int) -> float:
         """Seconds of ``stage`` of ``name`` on ``gpus`` GPUs by the prior alone (interpolated between widths)."""

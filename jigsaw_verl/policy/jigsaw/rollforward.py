@@ -4,9 +4,11 @@ Per GPU it keeps when the GPU is predicted to free (``end``), from when a long-t
 training stage (``host_from``) and whose replica it is. Each pipeline then advances through its next stages
 (rollout -> log-prob -> update -> weight sync -> rollout ...) in time order; a stage starts at the best of a few
 moments (now, the next GPU releases, the next tails that could host it) on the width the predictor says finishes
-first, exclusively or, for training, joined onto other pipelines' tails at the interference table's speed. The
-widths come from the policy's own rules (:class:`~jigsaw_verl.policy.jigsaw.planning.PlanningModel`), so a
-candidate is scored by the future it leads to.
+first, exclusively or joined onto another pipeline's GPUs as the policy joins them: training onto rollout tails at
+the interference table's speed, a rollout short of GPUs onto a training gang at the cost model's co-location speeds
+for its average load (:meth:`~jigsaw_verl.policy.jigsaw.planning.PlanningModel.boarding_speeds`). A stage slowed
+by a newcomer delays its own pipeline's next stage. The widths come from the policy's own rules
+(:class:`~jigsaw_verl.policy.jigsaw.planning.PlanningModel`), so a candidate is scored by the future it leads to.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class RollForward:
         self.end = np.full(n, now)
         self.host_from = np.full(n, math.inf)
         self.owner = np.full(n, -1)
+        # per GPU, the pipeline whose training gang (log-prob or update) holds it alone, which a rollout short of
+        # GPUs may join (as the policy's _join_others does); -1 otherwise
+        self.gang = np.full(n, -1)
+        self._gang = self.gang
+        self._fits: dict[tuple[str, int], bool] = {}
         self.stage_end: dict[str, float] = {}
         self.replica_end: dict[int, float] = {}
         self.replica_gpus = {r.replica: r.gpus for r in snap.replicas}
@@ -82,6 +89,9 @@ class RollForward:
                     end = max(now, since + self.dur(v.name, stage, len(gpus)))
                     idx = list(gpus)
                     self.end[idx] = np.maximum(self.end[idx], end)
+                    if stage in (LOGPROB, UPDATE):
+                        alone = [g for g in idx if len(snap.leases[g]) == 1] if snap.leases else idx
+                        self.gang[alone] = planning.index[v.name]
                 self.stage_end[v.name] = max(self.stage_end.get(v.name, now), end)
 
     def _running_rollout(self, name: str, reps: list, width: int) -> float:
@@ -145,6 +155,8 @@ class RollForward:
         (weighted) plus the mean, so none is starved and no GPU time is wasted."""
         snap, m, now = self.snap, self.planning, self.snap.now_s
         end, host, owner = self.end.copy(), self.host_from.copy(), self.owner.copy()
+        self._gang = self.gang.copy()  # NOTE: this call's gangs, read by _occupy and _place
+        self._late: dict[str, float] = {}  # NOTE: pipelines whose running stage a newcomer slowed: its new end
         home = {v.name: np.array(v.train_gpus) for v in snap.pipelines if v.train_gpus}  # GPUs of training state
         state: dict[str, tuple[float, str, int, int]] = {}  # pipeline -> (ready s, next stage, step, depth)
         for v in snap.pipelines:
@@ -163,28 +175,16 @@ class RollForward:
             if isinstance(a, (Migrate, WidenTail)):
                 stop = self._move_tail(a, end, host, owner)
                 state[a.pipeline] = (stop, LOGPROB, state[a.pipeline][2], 1)
-        early: dict[str, tuple[int, float]] = {}  # pipeline -> (step, end) of a rollout started ahead of its chain
-        for a in actions:
-            if isinstance(a, StartStage):
-                d = self.dur(a.pipeline, a.stage, len(a.gpus))
-                if a.stage == LOGPROB:
-                    home[a.pipeline] = np.array(a.gpus)
-                idx = np.array(a.gpus)
-                if a.sm_share < 1.0:
-                    busy = idx[end[idx] > now]
-                    partner = m.train_speed if a.stage == ROLLOUT else TAIL_SLOWDOWN
-                    end[busy] = now + (end[busy] - now) / partner
-                    d = d if a.stage == ROLLOUT else d / m.train_speed
-                self._occupy(end, host, owner, idx, now, d, a.pipeline, a.stage)
-                if a.stage == ROLLOUT and state.get(a.pipeline, (now, ROLLOUT, a.step))[1:3] != (ROLLOUT, a.step):
-                    early[a.pipeline] = (a.step, now + d)  # overlapping an earlier step: its chain gets here later
-                else:
-                    state[a.pipeline] = (now + d, NEXT_STAGE[a.stage], a.step + (a.stage == WEIGHT_SYNC), 1)
+        early = self._start(actions, state, home, end, host, owner)
         heap = [(t, m.index[name], name, stage, step, depth) for name, (t, stage, step, depth) in state.items()]
         heapq.heapify(heap)
         total, worst = 0.0, 0.0
         while heap:
             t, i, name, stage, step, depth = heapq.heappop(heap)
+            late = self._late.pop(name, t)
+            if late > t + 1e-9:  # a newcomer slowed the stage it waits on
+                heapq.heappush(heap, (late, i, name, stage, step, depth))
+                continue
             spec = m.specs[name]
             if depth >= self.horizon or step >= spec.steps or (stage == WEIGHT_SYNC and step == spec.steps - 1):
                 limit = spec.max_latency_inflation
@@ -204,6 +204,30 @@ class RollForward:
             heapq.heappush(heap, (stop, i, name, NEXT_STAGE[stage], step + (stage == WEIGHT_SYNC), depth + 1))
         return worst + total / max(1, len(m.specs))
 
+    def _start(self, actions: tuple, state: dict, home: dict, end, host, owner) -> dict[str, tuple[int, float]]:
+        """Apply the candidate's starts to the release times and to each pipeline's ``state``; return, per pipeline,
+        the (step, end) of a rollout started ahead of its chain (overlapping an earlier step)."""
+        m, now = self.planning, self.snap.now_s
+        early: dict[str, tuple[int, float]] = {}
+        for a in actions:
+            if not isinstance(a, StartStage):
+                continue
+            d = self.dur(a.pipeline, a.stage, len(a.gpus))
+            if a.stage == LOGPROB:
+                home[a.pipeline] = np.array(a.gpus)
+            idx = np.array(a.gpus)
+            if a.sm_share < 1.0:
+                busy = idx[end[idx] > now]
+                speeds = m.boarding_speeds(a.pipeline) if a.stage == ROLLOUT else (m.train_speed, TAIL_SLOWDOWN)
+                self._slow(end, owner, busy, now, speeds[1], a.stage == ROLLOUT)
+                d /= speeds[0]
+            self._occupy(end, host, owner, idx, now, d, a.pipeline, a.stage, exclusive=a.sm_share == 1.0)
+            if a.stage == ROLLOUT and state.get(a.pipeline, (now, ROLLOUT, a.step))[1:3] != (ROLLOUT, a.step):
+                early[a.pipeline] = (a.step, now + d)  # overlapping an earlier step: its chain gets here later
+            else:
+                state[a.pipeline] = (now + d, NEXT_STAGE[a.stage], a.step + (a.stage == WEIGHT_SYNC), 1)
+        return early
+
     def _move_tail(self, a: Migrate | WidenTail, end, host, owner) -> float:
         """Apply a planned merge or tail move to the release times; return when the rollout is predicted to end."""
         now = self.snap.now_s
@@ -220,9 +244,12 @@ class RollForward:
             end[list(self.replica_gpus[i])] = stop
         return stop
 
-    def _occupy(self, end, host, owner, idx, start: float, d: float, name: str, stage: str) -> None:
+    def _occupy(
+        self, end, host, owner, idx, start: float, d: float, name: str, stage: str, *, exclusive: bool = True
+    ) -> None:
         m = self.planning
         end[idx] = np.maximum(end[idx], start + d)
+        self._gang[idx] = m.index[name] if exclusive and stage in (LOGPROB, UPDATE) else -1
         if stage == ROLLOUT:
             reps = max(1, len(idx) // m.specs[name].rollout_tp)  # the tail begins per replica of this width
             host[idx] = start + d * m.pred.tail_fraction(name, m.knobs.colocate_live_per_replica, reps)
@@ -259,10 +286,13 @@ class RollForward:
                 join = max(t, float(host[busy].max()))
                 if join < tau and join + d / m.train_speed < finish - 1e-9:
                     tau, finish, co = join, join + d / m.train_speed, busy
-        slowed = None if co is None else tau + (end[co] - tau) / TAIL_SLOWDOWN
+        if co is not None:
+            self._slow(end, owner, co, tau, TAIL_SLOWDOWN, False)
+            slowed = end[co].copy()
         self._occupy(end, host, owner, idx, tau, finish - tau, name, stage)
         if co is not None:
             end[co] = np.maximum(slowed, finish)
+            self._gang[co] = -1
         return finish
 
     def _place(self, end, host, owner, home, name: str, stage: str, t: float) -> float:
@@ -274,6 +304,7 @@ class RollForward:
         m = self.planning
         need = m.specs[name].rollout_tp if stage == ROLLOUT else m.rm.min_train[name]
         joins = stage in (LOGPROB, UPDATE) and m.knobs.colocation  # a weight sync never joins a tail (as live)
+        boards = stage == ROLLOUT and m.knobs.colocation  # a rollout short of GPUs joins another's training gang
         me = m.index[name]
         es = np.sort(end)
         moments = self._moments(es, host, t, joins)
@@ -282,6 +313,9 @@ class RollForward:
         counts = es.searchsorted(taus, "right").tolist()
         if joins:
             joinable = (host <= at[:, None]) & (end > taus[:, None]) & (owner != me)
+        elif boards:
+            joinable = (self._gang >= 0) & (self._gang != me) & self._fits_beside(name) & (end > taus[:, None])
+        if joins or boards:
             co_counts = np.count_nonzero(joinable, axis=1).tolist()
         width, durs = self._width_memo, self._dur
         best = None
@@ -294,6 +328,12 @@ class RollForward:
                 finish = tau + (durs[dk] if dk in durs else self.dur(name, stage, g))
                 if best is None or finish < best[0] - 1e-9:
                     best = (finish, i, g, None)
+            elif boards and co_counts[i]:
+                extra = co_counts[i] // need * need
+                if g + extra >= need:
+                    finish = tau + self.dur(name, stage, g + extra) / m.boarding_speeds(name)[0]
+                    if best is None or finish < best[0] - 1e-9:
+                        best = (finish, i, g, extra)
             if joins and co_counts[i]:
                 key = (name, stage, k + co_counts[i])
                 g2 = width[key] if key in width else width.setdefault(key, self._width(name, stage, key[2]))
@@ -314,7 +354,35 @@ class RollForward:
             home[name] = free if co is None else np.concatenate([free, co])
         self._occupy(end, host, owner, free, tau, finish - tau, name, stage)
         if co is not None and co.size:
-            end[co] = tau + (end[co] - tau) / TAIL_SLOWDOWN
+            self._slow(end, owner, co, tau, m.boarding_speeds(name)[1] if boards else TAIL_SLOWDOWN, boards)
             end[co] = np.maximum(end[co], finish)
-            host[co], owner[co] = math.inf, -1
+            host[co], owner[co], self._gang[co] = math.inf, -1, -1
         return finish
+
+    def _slow(self, end, owner, idx: np.ndarray, tau: float, speed: float, rollout_joins: bool) -> None:
+        """The incumbents on ``idx`` run at ``speed`` from ``tau`` beside a newcomer (a training gang beside a rollout
+        that boards it, a tail beside a training stage); their pipelines' next stages wait for the new ends."""
+        if not idx.size:
+            return
+        m = self.planning
+        end[idx] = tau + (end[idx] - tau) / speed
+        who = self._gang[idx] if rollout_joins else owner[idx]
+        for j in np.unique(who[who >= 0]).tolist():
+            name = m.names[j]
+            self._late[name] = max(self._late.get(name, 0.0), float(end[idx][who == j].max()))
+
+    def _fits_beside(self, name: str) -> np.ndarray:
+        """Per GPU, whether a replica of ``name`` fits in memory beside the training gang holding it (its pipeline's
+        training state over the fewest GPUs that hold it: the most it takes per GPU)."""
+        m, gang = self.planning, self._gang
+        ok = np.zeros(gang.shape, dtype=bool)
+        for j in np.unique(gang[gang >= 0]).tolist():
+            other = m.names[j]
+            key = (name, j)
+            if key not in self._fits:
+                need = m.rm.stage_bytes(name, ROLLOUT, m.specs[name].rollout_tp) + m.rm.stage_bytes(
+                    other, LOGPROB, m.rm.min_train[other]
+                )
+                self._fits[key] = need <= m.cost.gpu.memory_bytes
+            ok |= (gang == j) & self._fits[key]
+        return ok
