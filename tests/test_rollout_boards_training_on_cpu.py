@@ -1,4 +1,7 @@
-"""A rollout short of GPUs joins another pipeline's training gang: in one plan and in the look-ahead's model.
+"""Where one pipeline's stage may join another's GPUs, in one plan and in the look-ahead's model.
+
+A rollout short of GPUs joins another pipeline's training gang; a training stage joins a sync pipeline's rollout
+tail, never an async one's (the next step's requests refill it).
 
 The paper setting (two jobs, each rollout one TP-4 replica of the whole 4-GPU pool) is where it matters: b's
 rollout can only run beside a's log-prob or update. The policy already did so one decision later; these tests pin
@@ -87,3 +90,32 @@ def test_the_roll_forward_predicts_a_rollout_joining_a_training_gang():
 
     assert scores[True] == pytest.approx(score(joined), rel=1e-6)
     assert scores[False] == pytest.approx(score(waited), rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_training_joins_a_sync_tail_but_not_an_async_one(mode):
+    """b's replicas hold the whole 2-GPU pool with one live request each and nothing queued, and a's log-prob is
+    ready. A sync b is in its tail: a's log-prob joins it. An async b takes its next step's requests as soon as its
+    weights allow (AReaL-style overlap), so its tail is refilled, not idle: nothing joins it."""
+    from conftest import tiny_pipeline, tiny_workload_dict
+
+    from jigsaw_verl.model.spec import workload_from_dict
+    from jigsaw_verl.policy.interface import ReplicaView
+
+    extra = {"mode": "async", "max_staleness": 1} if mode == "async" else {}
+    pipes = [tiny_pipeline("a"), tiny_pipeline("b", **extra)]
+    w = workload_from_dict(tiny_workload_dict(num_gpus=2, pipelines=pipes), "t.yaml")
+    replicas = tuple(
+        ReplicaView(replica=g, pipeline="b", step=2, gpus=(g,), live=1, queued=0, context_tokens=900,
+                    generated_tokens=800, started_s=50.0)
+        for g in (0, 1)
+    )  # fmt: skip
+    snap = Snapshot(
+        now_s=100.0, num_gpus=2, free_gpus=frozenset(), ready=(ReadyStage("a", 1, LOGPROB),),
+        pipelines=(_view("a", 0), _view("b", 1, ((2, ROLLOUT, (0, 1)),))), last_pipeline=("b", "b"),
+        leases=tuple((Lease(pipeline="b", stage=ROLLOUT, sm_share=1.0, replica=g),) for g in (0, 1)),
+        free_bytes=(60e9, 60e9), replicas=replicas,
+    )  # fmt: skip
+    policy = LookAheadPolicy(w, JigsawKnobs(), name="greedy")
+    starts = [(a.pipeline, a.stage) for a in policy._fill(snap, set(), list(snap.ready))]
+    assert starts == ([("a", LOGPROB)] if mode == "sync" else [])

@@ -311,7 +311,10 @@ class LookAheadPolicy:
         if self._leases is not None and self._leases[0] is snap:
             return self._leases[1]
         n, tail_live, index = snap.num_gpus, self.knobs.colocate_live_per_replica, self.planning.index
-        tail = {r.replica for r in snap.replicas if r.queued == 0 and r.live <= tail_live}
+        refilled = self.planning.refilled
+        tail = {
+            r.replica for r in snap.replicas if r.queued == 0 and r.live <= tail_live and r.pipeline not in refilled
+        }
         single, pipe = np.zeros(n, dtype=bool), np.full(n, -1)
         roll, ok = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         for g, leases in enumerate(snap.leases):

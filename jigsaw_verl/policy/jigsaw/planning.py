@@ -66,6 +66,9 @@ class PlanningModel:
         self.specs = {p.name: p for p in workload.pipelines}
         self.index = {p.name: i for i, p in enumerate(workload.pipelines)}
         self.names = [p.name for p in workload.pipelines]
+        # NOTE: an async pipeline's replicas overlap its steps (AReaL-style): the next step's requests refill a tail,
+        # so no training is placed beside it
+        self.refilled = frozenset(p.name for p in workload.pipelines if p.mode == "async")
         gpu = workload.cluster.gpu
         self.rm = ResourceManager(
             specs=self.specs,

@@ -107,7 +107,7 @@ class RollForward:
             self.replica_end.update((r.replica, now + t) for r, t in zip(reps, rem))
             idx = [g for r in reps for g in r.gpus]
             np.maximum.at(self.end, idx, np.repeat(now + np.asarray(rem), [len(r.gpus) for r in reps]))
-            self.host_from[idx] = host
+            self.host_from[idx] = math.inf if name in m.refilled else host
             self.owner[idx] = m.index[name]
         colocated = any(len(self.snap.leases[g]) > 1 for r in reps for g in r.gpus)
         if m.knobs.horizon > 0 and reps and not colocated:
@@ -252,7 +252,11 @@ class RollForward:
         self._gang[idx] = m.index[name] if exclusive and stage in (LOGPROB, UPDATE) else -1
         if stage == ROLLOUT:
             reps = max(1, len(idx) // m.specs[name].rollout_tp)  # the tail begins per replica of this width
-            host[idx] = start + d * m.pred.tail_fraction(name, m.knobs.colocate_live_per_replica, reps)
+            host[idx] = (
+                math.inf
+                if name in m.refilled
+                else start + d * m.pred.tail_fraction(name, m.knobs.colocate_live_per_replica, reps)
+            )
             owner[idx] = m.index[name]
         else:
             host[idx], owner[idx] = math.inf, -1
