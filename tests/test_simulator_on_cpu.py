@@ -90,3 +90,33 @@ def test_split_searching_policies_are_built_only_with_a_split_search():
             POLICIES.get(name).build(w)
     with pytest.raises(KeyError, match="unknown policy 'nope'; known: areal, greedy"):
         POLICIES.get("nope")
+
+
+def test_a_policy_that_acts_only_on_ready_stages_is_not_asked_without_any():
+    """The look-ahead's decision is empty when nothing is ready (unless a tail may move onto a wider replica), so
+    it says ``acts_only_on_ready`` and the simulator asks it only when something is: the same schedule, without
+    building a detailed snapshot for every finished request. Elastic pipelines keep every decision."""
+    from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
+    from jigsaw_verl.policy.jigsaw.lookahead import LookAheadPolicy
+
+    w = workload_from_dict(tiny_workload_dict(), "t")
+    asked: list[int] = []
+    results = []
+    for silent in (True, False):
+        policy = LookAheadPolicy(w, JigsawKnobs(), name="jigsaw")
+        assert policy.acts_only_on_ready
+        policy.acts_only_on_ready = silent
+        inner = policy.schedule
+        idle = []
+
+        def schedule(snap, inner=inner, idle=idle):
+            idle.append(not snap.ready)
+            return inner(snap)
+
+        policy.schedule = schedule
+        results.append(Simulator(w, policy).run())
+        asked.append(sum(idle))
+    assert asked[0] == 0 < asked[1]
+    assert results[0].slices == results[1].slices
+    elastic = tiny_workload_dict(pipelines=[tiny_pipeline("a", rollout_elastic_tp=2), tiny_pipeline("b")])
+    assert not LookAheadPolicy(workload_from_dict(elastic, "e"), JigsawKnobs(), name="jigsaw").acts_only_on_ready

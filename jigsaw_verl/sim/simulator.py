@@ -196,8 +196,12 @@ class Simulator(ReplicaRunner):
 
     # ---- decisions -------------------------------------------------------------------------------------------
     def _decide(self) -> None:
+        idle_silent = getattr(self.policy, "acts_only_on_ready", False)
         for _ in range(1000):
-            out: SchedulerOutput = self.policy.schedule(self.snapshot())
+            ready = self._ready()
+            if idle_silent and not ready:
+                return
+            out: SchedulerOutput = self.policy.schedule(self.snapshot(ready))
             if not out.actions:
                 return
             for action in out.actions:
@@ -209,11 +213,14 @@ class Simulator(ReplicaRunner):
                     self._start(action)
         raise SimulationError(f"policy {self.policy.name} kept starting stages at t={self.now:.3f}s without end")
 
-    def snapshot(self) -> Snapshot:
-        """What the policy sees now, from the pool's one snapshot builder."""
-        ready = tuple(
+    def _ready(self) -> tuple[ReadyStage, ...]:
+        return tuple(
             ReadyStage(ps.spec.name, k, s) for ps in self.pipes.values() for k, s in ps.progress.ready(ps.mode)
         )
+
+    def snapshot(self, ready: tuple[ReadyStage, ...] | None = None) -> Snapshot:
+        """What the policy sees now, from the pool's one snapshot builder (``ready``: the ready stages, if known)."""
+        ready = self._ready() if ready is None else ready
         view = self.view(ready) if getattr(self.policy, "detailed_snapshot", False) else ExecutorView(ready=ready)
         progress = [ps.progress for ps in self.pipes.values()]
         return build_snapshot(now_s=self.now, holds=self.holds, pipelines=progress, view=view)

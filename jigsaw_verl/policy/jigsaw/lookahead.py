@@ -107,6 +107,8 @@ class LookAheadPolicy:
         hybrid = frozenset(name for name, mode in self.modes.items() if mode.colocated)
         self.planning = PlanningModel(workload, knobs, cost, hybrid_sync=hybrid)
         self._elastic = frozenset(p.name for p in workload.pipelines if (p.rollout_elastic_tp or 0) > p.rollout_tp)
+        # NOTE: with nothing ready the decision is empty unless a tail may move onto a wider replica (schedule)
+        self.acts_only_on_ready = knobs.horizon == 0 or not (knobs.elastic_tail and self._elastic)
         self._leases: tuple | None = None  # the last snapshot's per-GPU lease arrays (see _lease_arrays)
         self._bytes: dict[tuple[str, str, int], float] = {}  # ResourceManager.stage_bytes, memoised
 
