@@ -119,3 +119,31 @@ def test_training_joins_a_sync_tail_but_not_an_async_one(mode):
     policy = LookAheadPolicy(w, JigsawKnobs(), name="greedy")
     starts = [(a.pipeline, a.stage) for a in policy._fill(snap, set(), list(snap.ready))]
     assert starts == ([("a", LOGPROB)] if mode == "sync" else [])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_sync_log_prob_widens_onto_tails_only_when_short(mode):
+    """GPUs 0-1 are free, b's tail holds 2-3, a's log-prob is ready. An async a widens onto the tail (four GPUs at
+    the tail share beat two). A sync a stays on its two free GPUs: its training home would grow onto b's tail, and
+    its weight sync, which never joins a rollout, would then wait for that tail to end."""
+    from conftest import tiny_pipeline, tiny_workload_dict
+
+    from jigsaw_verl.model.spec import workload_from_dict
+    from jigsaw_verl.policy.interface import ReplicaView
+
+    extra = {"mode": "async", "max_staleness": 1} if mode == "async" else {}
+    w = workload_from_dict(tiny_workload_dict(pipelines=[tiny_pipeline("a", **extra), tiny_pipeline("b")]), "t")
+    replicas = tuple(
+        ReplicaView(replica=g, pipeline="b", step=2, gpus=(g,), live=1, queued=0, context_tokens=900,
+                    generated_tokens=800, started_s=50.0)
+        for g in (2, 3)
+    )  # fmt: skip
+    leases = ((), ()) + tuple((Lease(pipeline="b", stage=ROLLOUT, sm_share=1.0, replica=g),) for g in (2, 3))
+    snap = Snapshot(
+        now_s=100.0, num_gpus=4, free_gpus=frozenset({0, 1}), ready=(ReadyStage("a", 1, LOGPROB),),
+        pipelines=(_view("a", 0), _view("b", 1, ((2, ROLLOUT, (2, 3)),))), last_pipeline=("a", "a", "b", "b"),
+        leases=leases, free_bytes=(80e9, 80e9, 60e9, 60e9), replicas=replicas,
+    )  # fmt: skip
+    policy = LookAheadPolicy(w, JigsawKnobs(), name="greedy")
+    (start,) = policy._fill(snap, {0, 1}, list(snap.ready))
+    assert start.gpus == ((0, 1) if mode == "sync" else (0, 1, 2, 3))

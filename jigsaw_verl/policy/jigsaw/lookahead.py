@@ -271,7 +271,10 @@ class LookAheadPolicy:
         m = self.planning
         joint = self._joinable(snap, r.pipeline, r.stage, None, max(need, len(gpus) + 1), plan)
         speed = m.train_speed if r.stage != ROLLOUT else 1.0
-        gain = r.stage == LOGPROB and speed * (len(gpus) + len(joint)) > len(gpus) * 1.25
+        # NOTE: a sync pipeline's log-prob widens onto tails only when short: its home grows onto them, and its
+        # weight sync (which never joins a rollout) then waits for those tails to end
+        wider = speed * (len(gpus) + len(joint)) > len(gpus) * 1.25
+        gain = r.stage == LOGPROB and wider and not self.modes[r.pipeline].colocated
         if joint and (len(gpus) < need or gain):
             if r.stage == ROLLOUT:
                 joint = joint[: len(joint) // unit * unit]  # whole replicas of the rollout's TP size

@@ -338,6 +338,8 @@ class RollForward:
                     finish = tau + self.dur(name, stage, g + extra) / m.boarding_speeds(name)[0]
                     if best is None or finish < best[0] - 1e-9:
                         best = (finish, i, g, extra)
+            # NOTE: unlike the policy, a sync pipeline's log-prob may widen onto tails here when not short of GPUs:
+            # the variant that mirrors the policy measured worse over seeds 0-3 (README, knob sweep)
             if joins and co_counts[i]:
                 key = (name, stage, k + co_counts[i])
                 g2 = width[key] if key in width else width.setdefault(key, self._width(name, stage, key[2]))
