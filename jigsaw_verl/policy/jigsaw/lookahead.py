@@ -256,7 +256,9 @@ class LookAheadPolicy:
         gpus = gpus[: len(gpus) // unit * unit]
         share = 1.0
         if colocate and r.stage in (ROLLOUT, LOGPROB):
-            gpus, share = self._join_others(snap, r, gpus, need, unit, plan)
+            # a log-prob on fewer than half a fair share would rather wait (below): short of GPUs, too
+            short = max(need, fair // 2) if r.stage == LOGPROB and caps is None else need
+            gpus, share = self._join_others(snap, r, gpus, short, unit, plan)
         if len(gpus) < need:
             return None
         if r.stage == LOGPROB and caps is None and len(gpus) < fair // 2 and len(plan.free) < snap.num_gpus:
@@ -267,7 +269,8 @@ class LookAheadPolicy:
         self, snap: Snapshot, r: ReadyStage, gpus: list[int], need: int, unit: int, plan: _FirstFit
     ) -> tuple[list[int], float]:
         """``gpus`` widened onto GPUs another pipeline holds alone, with the SM share ``r`` leases there, when
-        ``r`` is short of GPUs or (a log-prob pass) the wider gang pays for its slowdown; else ``gpus``, 1."""
+        ``r`` is short of GPUs (fewer than ``need``) or (an async pipeline's log-prob pass) the wider gang pays for
+        its slowdown; else ``gpus``, 1."""
         m = self.planning
         joint = self._joinable(snap, r.pipeline, r.stage, None, max(need, len(gpus) + 1), plan)
         speed = m.train_speed if r.stage != ROLLOUT else 1.0
