@@ -139,13 +139,16 @@ def fit_efficiency(steps: int) -> dict[str, float]:
     base = load_workload(PROFILE_WORKLOAD).cluster.efficiency
     others = {k: v for k, v in base if k not in ("train_mfu", "logprob_mfu")}
 
-    def ratio(stage: str, **mfu: float) -> float:
-        return stage_profile(steps, {**others, **mfu})[stage]["ratio"]
+    def ratios(**mfu: float) -> dict[str, float]:
+        return {k: v["ratio"] for k, v in stage_profile(steps, {**others, **mfu}).items()}
 
-    train = _bisect(lambda m: 1.0 - ratio("update_actor", train_mfu=m), 0.02, 1.0)
-    logprob = _bisect(
-        lambda m: 1.0 - ratio("old_log_prob", logprob_mfu=m, train_mfu=train) * ratio("ref", logprob_mfu=m), 0.02, 1.0
-    )
+    train = _bisect(lambda m: 1.0 - ratios(train_mfu=m)["update_actor"], 0.02, 1.0)
+
+    def logprob_off(m: float) -> float:  # one simulation gives both log-prob ratios
+        r = ratios(logprob_mfu=m, train_mfu=train)
+        return 1.0 - r["old_log_prob"] * r["ref"]
+
+    logprob = _bisect(logprob_off, 0.02, 1.0)
     return {**others, "train_mfu": round(train, 3), "logprob_mfu": round(logprob, 3)}
 
 

@@ -48,23 +48,14 @@ class DeviceMemory:
         )
 
     def free_bytes(self) -> tuple[float, ...]:
-        """Per GPU, memory not held by running tasks (idle resident state counts as free: it can be evicted); what
-        :meth:`kv_bytes` counts, in one pass over the holds (a snapshot asks for every GPU at once)."""
-        cap, out = usable_bytes(self.gpu), []
-        pinned: set = set()
+        """Per GPU, memory not held by running tasks (idle resident state counts as free: it can be evicted)."""
+        cap, pinned = usable_bytes(self.gpu), self.pinned()
+        out = []
         for g in range(self.n):
-            for h in self.holds.on(g):
-                if h.owner.key is not None:
-                    pinned.add(h.owner.key)
-        for g in range(self.n):
-            used = 0.0
+            used = self.kv_bytes(g)
             for k, b in self.resident[g].items():
                 if k in pinned:
                     used += b
-            for h in self.holds.on(g):
-                t = h.owner
-                if isinstance(t, Engine):
-                    used += t.engine.kv_reserved * t.engine.model.kv_bytes_per_token / t.engine.tp
             out.append(cap - used)
         return tuple(out)
 

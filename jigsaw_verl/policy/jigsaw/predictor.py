@@ -129,9 +129,12 @@ class Predictor:
             for g in _widths(tp, self.n, tp * spec.samples_per_step):
                 chains = rollout_nodes(spec, self.cost, samples, g // tp, cap)
                 roll[g] = max(sum(n.duration_s for n in c) for c in chains)
-                busy = max(sum(n.duration_s for c in chains for n in c) * tp, 1e-12)
-                compute = sum(n.work.compute_s for c in chains for n in c)
-                self._rollout_needs[name] = (compute / busy, sum(n.work.memory_s for c in chains for n in c) / busy)
+            nodes = [n for c in chains for n in c]  # the widest width's replicas
+            busy = max(sum(n.duration_s for n in nodes) * tp, 1e-12)
+            self._rollout_needs[name] = (
+                sum(n.work.compute_s for n in nodes) / busy,
+                sum(n.work.memory_s for n in nodes) / busy,
+            )
             self._curves[name] = self._finish_offsets(spec, samples, max(1, min(self.n, 8) // tp), cap)
             seq = (samples.prompt_len + samples.response_len).astype(np.int64)
             lp, up, sync = {}, {}, {}
