@@ -7,7 +7,8 @@ Per bundled workload and policy (every figure from one process, side by side, on
 makespan, tokens/s, the ratio to ``verl`` and to the best of ``streamrl``/``areal``/``rollmux`` (> 1 is faster),
 makespan over the lower bound of the staleness the policy uses, mean and max per-pipeline latency inflation,
 requests migrated, and the GPU time re-prefill took as a share of the GPU time migrations freed. The ablations
-are in the same table: ``jigsaw-no-migration``, ``jigsaw-no-colocation`` and ``greedy`` (no look-ahead), and on
+are in the same table: ``jigsaw-no-migration``, ``jigsaw-no-colocation``, ``jigsaw-wide-start`` (a rollout may
+start on the whole free pool) and ``greedy`` (no look-ahead), and on
 the elastic-tail what-if (the long-CoT workload with ``rollout_elastic_tp: 4``, simulation only)
 ``jigsaw-no-elastic-tail``. The predictor's error per stage is reported for ``jigsaw``.
 
@@ -44,6 +45,7 @@ POLICIES = [
     "greedy",
     "jigsaw-no-migration",
     "jigsaw-no-colocation",
+    "jigsaw-wide-start",
     "jigsaw",
 ]
 PEERS = ("streamrl", "areal", "rollmux")

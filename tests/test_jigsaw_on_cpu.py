@@ -33,7 +33,7 @@ from jigsaw_verl.policy.jigsaw.rollforward import RollForward
 from jigsaw_verl.sim.predictor_report import predictor_error
 from jigsaw_verl.sim.simulator import SimulationError, Simulator
 
-JIGSAW = ("greedy", "jigsaw", "jigsaw-no-migration", "jigsaw-no-colocation")
+JIGSAW = ("greedy", "jigsaw", "jigsaw-no-migration", "jigsaw-no-colocation", "jigsaw-wide-start")
 # A long tail on few GPUs: co-location and migration both have something to do.
 TAILS = tiny_workload_dict(
     num_gpus=4,
@@ -372,3 +372,40 @@ def test_the_roll_forward_places_an_update_on_the_gpus_holding_its_training_stat
         return RollForward(planning, snap).score(())
 
     assert score((0, 1)) > score((2, 3))
+
+
+def _idle_pool_snapshot(ready_pipelines: str, num_gpus: int = 8):
+    """Two tiny pipelines on an idle pool of ``num_gpus``, the rollouts of ``ready_pipelines`` ready."""
+    from jigsaw_verl.policy.interface import PipelineView, ReadyStage, Snapshot
+
+    views = tuple(
+        PipelineView(name=n, index=i, arrival_s=0.0, arrived=True, started=True, finished=False, version=1,
+                     steps_done=1, running=(), running_since_s=(), rollout_gpus=frozenset(), train_gpus=())
+        for i, n in enumerate("ab")
+    )  # fmt: skip
+    return Snapshot(
+        now_s=10.0, num_gpus=num_gpus, free_gpus=frozenset(range(num_gpus)),
+        ready=tuple(ReadyStage(n, 1, ROLLOUT) for n in ready_pipelines), pipelines=views,
+        last_pipeline=(None,) * num_gpus, leases=((),) * num_gpus, free_bytes=(80e9,) * num_gpus, replicas=(),
+    )  # fmt: skip
+
+
+def test_wide_start_is_a_knob_and_caps_only_the_stage_it_names():
+    """``wide_start`` offers a candidate that starts a ready rollout on every free GPU instead of its fair share;
+    off, no candidate does. A cap given for one rollout leaves the others at their fair share (it once lifted every
+    rollout's: the first in order then took the whole pool)."""
+    w = workload_from_dict(tiny_workload_dict(num_gpus=8, pipelines=[tiny_pipeline("a"), tiny_pipeline("b")]), "t")
+    snap = _idle_pool_snapshot("a")
+    ctx_of = lambda p: RollForward(p.planning, snap)  # noqa: E731
+    widths = {}
+    for wide in (True, False):
+        policy = LookAheadPolicy(w, JigsawKnobs(wide_start=wide), name="jigsaw")
+        plans = [policy._fill(snap, set(snap.free_gpus), list(snap.ready))]
+        plans += list(policy._alternatives(snap, ctx_of(policy)))
+        widths[wide] = {len(a.gpus) for plan in plans for a in plan if isinstance(a, StartStage)}
+    assert widths == {True: {4, 8}, False: {4}}
+    both = _idle_pool_snapshot("ab")
+    policy = LookAheadPolicy(w, JigsawKnobs(), name="jigsaw")
+    ra, rb = both.ready
+    plan = policy._fill(both, set(both.free_gpus), [rb, ra], caps={ra: 8})
+    assert [(a.pipeline, len(a.gpus)) for a in plan] == [("b", 4), ("a", 4)]

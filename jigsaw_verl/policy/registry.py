@@ -4,7 +4,8 @@ Each :class:`PolicyEntry` builds, from a workload, the configurations worth tryi
 reports the best) and says which :data:`~jigsaw_verl.policy.interface.EXECUTION_FEATURES` they use, so an executor
 can tell which policies it can run (:func:`policies_needing_at_most`). ``greedy`` and ``jigsaw`` are the JigsawRL
 scheduler (:mod:`jigsaw_verl.policy.jigsaw.lookahead`); the ablations ``jigsaw-no-migration``,
-``jigsaw-no-colocation`` and ``jigsaw-no-elastic-tail`` switch one mechanism off.
+``jigsaw-no-colocation`` and ``jigsaw-no-elastic-tail`` switch one mechanism off; ``jigsaw-wide-start`` switches
+the (off by default) wide start on.
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ _add(
     "jigsaw-no-elastic-tail",
     _jigsaw("jigsaw-no-elastic-tail", elastic_tail=False),
     "jigsaw without tail moves onto wider replicas (pipelines with rollout_elastic_tp)",
+)
+
+_add(
+    "jigsaw-wide-start",
+    _jigsaw("jigsaw-wide-start", wide_start=True),
+    "jigsaw that may also start a rollout on the whole free pool rather than its fair share",
 )
 
 BASELINES: tuple[str, ...] = ("verl", "verl-seq", "verl-split", "streamrl", "areal", "rollmux")

@@ -101,6 +101,8 @@ class LookAheadPolicy:
             f"horizon {knobs.horizon}, {knobs.max_candidates} candidates, "
             f"migration {'on' if knobs.migration else 'off'}, co-location {'on' if knobs.colocation else 'off'}"
         )
+        if knobs.wide_start:
+            self.config += ", wide start"
         if any((p.rollout_elastic_tp or 0) > p.rollout_tp for p in workload.pipelines):
             self.config += f", elastic tail {'on' if knobs.elastic_tail and knobs.horizon else 'off'}"
         self.modes = {p.name: _mode(p) for p in workload.pipelines}
@@ -152,7 +154,7 @@ class LookAheadPolicy:
                     yield self._fill(snap, free, [x for x in ready if x != r])
         if len(ready) > 1:
             yield self._fill(snap, free, ready[::-1])
-        for r in ready:
+        for r in ready if self.knobs.wide_start else ():
             if r.stage == ROLLOUT:  # the whole free pool rather than a fair share
                 yield self._fill(snap, free, ready, caps={r: len(free)})
         if self.knobs.colocation:
@@ -246,7 +248,7 @@ class LookAheadPolicy:
         cap = (caps or {}).get(r, m.n)
         if r.stage == ROLLOUT:
             unit = need = m.specs[r.pipeline].rollout_tp
-            if caps is None:
+            if r not in (caps or {}):
                 cap = m.rollout_cap(r.pipeline, fair)
         else:
             unit, need = 1, m.rm.min_train[r.pipeline]
@@ -257,11 +259,11 @@ class LookAheadPolicy:
         share = 1.0
         if colocate and r.stage in (ROLLOUT, LOGPROB):
             # a log-prob on fewer than half a fair share would rather wait (below): short of GPUs, too
-            short = max(need, fair // 2) if r.stage == LOGPROB and caps is None else need
+            short = max(need, fair // 2) if r.stage == LOGPROB and r not in (caps or {}) else need
             gpus, share = self._join_others(snap, r, gpus, short, unit, plan)
         if len(gpus) < need:
             return None
-        if r.stage == LOGPROB and caps is None and len(gpus) < fair // 2 and len(plan.free) < snap.num_gpus:
+        if r.stage == LOGPROB and r not in (caps or {}) and len(gpus) < fair // 2 and len(plan.free) < snap.num_gpus:
             return None  # a training step on a sliver of the pool takes longer than waiting for more
         return StartStage(r.pipeline, r.step, r.stage, tuple(gpus), share)
 
