@@ -5,8 +5,13 @@ with its seed replaced by each of ``--seeds`` (other sampled lengths, the same s
 variant's makespan and its speed over ``greedy`` (``greedy`` makespan / variant makespan, > 1 is faster); at the
 end, per variant, the mean and the worst of those ratios.
 
-Usage: ``python scripts/knob_sweep.py [--seeds 0,1,2,3] [--workloads a,b] VARIANT ...`` where a variant is knob
-assignments such as ``horizon=2`` or ``horizon=2,min_gain=0.1`` (``JigsawKnobs`` fields; none: the defaults).
+With ``--peers streamrl,areal`` each run also simulates those baselines (their best configuration, as
+``jigsaw-verl simulate`` picks it) and prints every variant's speed over the fastest of them, with the mean and
+the worst at the end: the peer targets checked on seeds the bundled numbers were not made with.
+
+Usage: ``python scripts/knob_sweep.py [--seeds 0,1,2,3] [--workloads a,b] [--peers a,b] VARIANT ...`` where a
+variant is knob assignments such as ``horizon=2`` or ``horizon=2,min_gain=0.1`` (``JigsawKnobs`` fields; none:
+the defaults).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import numpy as np
 from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
 from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
 from jigsaw_verl.policy.jigsaw.lookahead import LookAheadPolicy
+from jigsaw_verl.policy.registry import BASELINES
+from jigsaw_verl.sim.runner import Runner
 from jigsaw_verl.sim.simulator import Simulator
 
 GREEDY = {"horizon": 0, "migration": False}
@@ -47,24 +54,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("variants", nargs="*", help="knob assignments, e.g. horizon=2 (the defaults are always run)")
     ap.add_argument("--seeds", default="0,1,2,3", help="comma-separated workload seeds")
     ap.add_argument("--workloads", default="", help="comma-separated bundled workload names (default: all)")
+    ap.add_argument("--peers", default="", help="comma-separated baselines to compare with, e.g. streamrl,areal")
     args = ap.parse_args(argv)
+    peers = [p for p in args.peers.split(",") if p]
+    if any(p not in BASELINES for p in peers):
+        raise SystemExit(f"knob_sweep: --peers takes baselines from {', '.join(BASELINES)}; got {args.peers!r}")
     variants = [("defaults", {})] + [(v, parse_variant(v)) for v in args.variants]
     wanted = set(filter(None, args.workloads.split(",")))
     paths = [p for p in bundled_workloads() if not wanted or p.stem in wanted]
     ratios: dict[str, list[float]] = {name: [] for name, _ in variants}
+    over_peer: dict[str, list[float]] = {name: [] for name, _ in variants}
     print("workload seed greedy-s " + " ".join(f"{name}-s (x greedy)" for name, _ in variants))
     for path in paths:
         for seed in (int(s) for s in args.seeds.split(",")):
             w = replace(load_workload(path), seed=seed)
             base = makespan(w, GREEDY)
+            runner = Runner(w) if peers else None
+            feasible = [p for p in peers if p not in runner.infeasible(peers)] if peers else []
+            peer = min((runner.run_policy(p).makespan_s for p in feasible), default=None)
             cells = []
             for name, knobs in variants:
                 m = makespan(w, knobs)
                 ratios[name].append(base / m)
                 cells.append(f"{m:.0f} ({base / m:.3f}x)")
-            print(f"{path.stem} {seed} {base:.0f} " + " ".join(cells), flush=True)
+                if peer is not None:
+                    over_peer[name].append(peer / m)
+                    cells[-1] += f" [{peer / m:.3f}x peer]"
+            head = f"{path.stem} {seed} {base:.0f}" + (f" peer {peer:.0f}" if peer is not None else "")
+            print(f"{head} " + " ".join(cells), flush=True)
     for name, rs in ratios.items():
         print(f"{name}: mean {np.mean(rs):.3f}x greedy, worst {min(rs):.3f}x over {len(rs)} runs")
+        if over_peer[name]:
+            rp = over_peer[name]
+            print(f"{name}: mean {np.mean(rp):.3f}x the best of {args.peers}, worst {min(rp):.3f}x over {len(rp)} runs")
     return 0
 
 

@@ -409,3 +409,45 @@ def test_wide_start_is_a_knob_and_caps_only_the_stage_it_names():
     ra, rb = both.ready
     plan = policy._fill(both, set(both.free_gpus), [rb, ra], caps={ra: 8})
     assert [(a.pipeline, len(a.gpus)) for a in plan] == [("b", 4), ("a", 4)]
+
+
+def test_an_overlapping_rollouts_draining_replicas_are_merged_apart_from_its_newer_steps():
+    """AReaL-style overlap: b's step 5 runs on fresh replicas while two replicas still drain step 4 (3 and 5 live
+    requests); no step-6 request can join them before step 4 is trained (staleness 1). The tail planner merges
+    those two, not the whole rollout (whose step-5 replicas hold 50 live requests each, so it is never in its
+    tail); with staleness 2 step 6 could still join them, and nothing is planned."""
+    from jigsaw_verl.model.workload_file import BUNDLED_DIR, load_workload
+    from jigsaw_verl.policy.interface import PipelineView, ReadyStage, Snapshot
+    from jigsaw_verl.policy.jigsaw.migration_planner import draining
+
+    def rep(i, step, gpu, live):
+        return ReplicaView(replica=i, pipeline="b", step=step, gpus=(gpu,), live=live, queued=0,
+                           context_tokens=live * 3000, generated_tokens=live * 2800, started_s=200.0)  # fmt: skip
+
+    reps = (rep(24, 4, 0, 3), rep(25, 4, 2, 5), rep(28, 5, 3, 50), rep(29, 5, 4, 50), rep(30, 5, 7, 50))
+    assert draining(list(reps), 1) == [0, 1] and draining(list(reps), 2) == []
+    base = load_workload(BUNDLED_DIR / "longcot-async-qwen3-4b-x2-8xh100.yaml")
+    knobs = JigsawKnobs(tail_live_per_replica=4.0, max_live_per_target=8)
+    plans = {}
+    for staleness in (1, 2):
+        w = base.__class__(**{**base.__dict__, "pipelines": tuple(
+            p.__class__(**{**p.__dict__, "max_staleness": staleness}) for p in base.pipelines)})  # fmt: skip
+        views = (
+            PipelineView(name="a", index=0, arrival_s=0.0, arrived=True, started=True, finished=False, version=4,
+                         steps_done=4, running=(), running_since_s=(), rollout_gpus=frozenset(), train_gpus=()),
+            PipelineView(name="b", index=1, arrival_s=0.0, arrived=True, started=True, finished=False, version=5,
+                         steps_done=4, running=((-1, ROLLOUT, (0, 2, 3, 4, 7)),), running_since_s=(200.0,),
+                         rollout_gpus=frozenset({0, 2, 3, 4, 7}), train_gpus=()),
+        )  # fmt: skip
+        leases = [()] * 8
+        for r in reps:
+            leases[r.gpus[0]] = (Lease(pipeline="b", stage=ROLLOUT, sm_share=1.0, replica=r.replica),)
+        snap = Snapshot(
+            now_s=262.0, num_gpus=8, free_gpus=frozenset({1, 5, 6}), ready=(ReadyStage("a", 4, "logprob"),),
+            pipelines=views, last_pipeline=("b",) * 8, leases=tuple(leases), free_bytes=(40e9,) * 8, replicas=reps,
+        )  # fmt: skip
+        ctx = RollForward(PlanningModel(w, knobs), snap)
+        plans[staleness] = ctx.migrations.get("b")
+    plan = plans[1]
+    assert plan is not None and set(plan.action.sources) | set(plan.action.targets) == {24, 25}
+    assert plans[2] is None

@@ -1,7 +1,8 @@
 """The tail planner: merge a rollout's long tail from k replicas onto m < k and free the rest, or move it onto
 one wider replica.
 
-A pipeline's rollout is in its tail when nothing is queued and its replicas hold few live requests each. The
+A pipeline's rollout is in its tail when nothing is queued and its replicas hold few live requests each (for an
+overlapping rollout, the replicas of the older steps that only drain, :func:`draining`). The
 planner keeps as targets the ``m`` replicas holding the most context (the least to re-prefill elsewhere), moves
 every live request of the others onto them, and prices the move:
 
@@ -67,6 +68,17 @@ def in_tail(replicas: list[ReplicaView], tail_live_per_replica: float) -> bool:
         and all(r.queued == 0 for r in replicas)
         and sum(r.live for r in replicas) <= tail_live_per_replica * len(replicas)
     )
+
+
+def draining(replicas: list[ReplicaView], staleness: int) -> list[int]:
+    """Indices of an overlapping rollout's replicas (AReaL-style: a step's requests join the replicas still
+    generating earlier steps, which then carry the newer step) that no request can join before they drain.
+
+    A replica still generating step ``j`` can be joined only by the rollout of a step ``k <= j + staleness``
+    (version ``k - staleness`` must exist before step ``j`` is trained); once the newest step running is
+    ``j + staleness`` or later, all of those have started and handed out their requests."""
+    newest = max((r.step for r in replicas), default=0)
+    return [i for i, r in enumerate(replicas) if r.step + staleness <= newest]
 
 
 def plan_migration(

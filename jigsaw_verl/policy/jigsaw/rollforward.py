@@ -23,6 +23,7 @@ from jigsaw_verl.policy.interface import Migrate, Snapshot, StartStage, WidenTai
 from jigsaw_verl.policy.jigsaw.migration_planner import (
     MigrationPlan,
     WideningPlan,
+    draining,
     in_tail,
     plan_migration,
     plan_widening,
@@ -111,8 +112,11 @@ class RollForward:
             self.owner[idx] = m.index[name]
         colocated = any(len(self.snap.leases[g]) > 1 for r in reps for g in r.gpus)
         if m.knobs.horizon > 0 and reps and not colocated:
-            if m.knobs.migration and in_tail(reps, m.knobs.tail_live_per_replica):
-                plan = self._plan(name, reps, rem)
+            # an overlapping rollout's older steps drain on their own replicas while newer ones run: merge those
+            tail = draining(reps, m.specs[name].max_staleness) if name in m.refilled else range(len(reps))
+            group, group_rem = [reps[i] for i in tail], [rem[i] for i in tail]
+            if m.knobs.migration and in_tail(group, m.knobs.tail_live_per_replica):
+                plan = self._plan(name, group, group_rem)
                 if plan is not None and plan.worth_it():
                     self.migrations[name] = plan
             if widening_due(m.specs[name], reps, m.knobs.elastic_tail, m.knobs.widen_live_per_replica):
