@@ -49,6 +49,15 @@ def makespan(workload, knobs: dict) -> float:
     return Simulator(workload, LookAheadPolicy(workload, JigsawKnobs(**knobs), name="sweep")).run().makespan_s
 
 
+def best_peer_makespan(workload, peers: list[str]) -> float | None:
+    """The smallest makespan of the ``peers`` that can run ``workload`` (each at its best configuration)."""
+    if not peers:
+        return None
+    runner = Runner(workload)
+    feasible = [p for p in peers if p not in runner.infeasible(peers)]
+    return min((runner.run_policy(p).makespan_s for p in feasible), default=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="*", help="knob assignments, e.g. horizon=2 (the defaults are always run)")
@@ -69,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in (int(s) for s in args.seeds.split(",")):
             w = replace(load_workload(path), seed=seed)
             base = makespan(w, GREEDY)
-            runner = Runner(w) if peers else None
-            feasible = [p for p in peers if p not in runner.infeasible(peers)] if peers else []
-            peer = min((runner.run_policy(p).makespan_s for p in feasible), default=None)
+            peer = best_peer_makespan(w, peers)
             cells = []
             for name, knobs in variants:
                 m = makespan(w, knobs)

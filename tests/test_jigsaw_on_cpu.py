@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 from conftest import tiny_pipeline, tiny_workload_dict
@@ -300,8 +301,6 @@ def test_a_tensor_parallel_rollout_starts_beside_another_pipelines_training(name
     """The paper setting: two jobs, each rollout one TP-4 replica of the whole 4-GPU pool. b's rollout joins a's
     training gang (log-prob or update) at the tail share rather than wait for all of a's steps; before, a TP > 1
     rollout could never join, so b waited for a to finish all its steps (1.02x verl)."""
-    from dataclasses import replace
-
     from jigsaw_verl.model.graph import LOGPROB, UPDATE
     from jigsaw_verl.model.workload_file import bundled_workloads, load_workload
 
@@ -396,12 +395,11 @@ def test_wide_start_is_a_knob_and_caps_only_the_stage_it_names():
     rollout's: the first in order then took the whole pool)."""
     w = workload_from_dict(tiny_workload_dict(num_gpus=8, pipelines=[tiny_pipeline("a"), tiny_pipeline("b")]), "t")
     snap = _idle_pool_snapshot("a")
-    ctx_of = lambda p: RollForward(p.planning, snap)  # noqa: E731
     widths = {}
     for wide in (True, False):
         policy = LookAheadPolicy(w, JigsawKnobs(wide_start=wide), name="jigsaw")
         plans = [policy._fill(snap, set(snap.free_gpus), list(snap.ready))]
-        plans += list(policy._alternatives(snap, ctx_of(policy)))
+        plans += list(policy._alternatives(snap, RollForward(policy.planning, snap)))
         widths[wide] = {len(a.gpus) for plan in plans for a in plan if isinstance(a, StartStage)}
     assert widths == {True: {4, 8}, False: {4}}
     both = _idle_pool_snapshot("ab")
@@ -430,8 +428,7 @@ def test_an_overlapping_rollouts_draining_replicas_are_merged_apart_from_its_new
     knobs = JigsawKnobs(tail_live_per_replica=4.0, max_live_per_target=8)
     plans = {}
     for staleness in (1, 2):
-        w = base.__class__(**{**base.__dict__, "pipelines": tuple(
-            p.__class__(**{**p.__dict__, "max_staleness": staleness}) for p in base.pipelines)})  # fmt: skip
+        w = replace(base, pipelines=tuple(replace(p, max_staleness=staleness) for p in base.pipelines))
         views = (
             PipelineView(name="a", index=0, arrival_s=0.0, arrived=True, started=True, finished=False, version=4,
                          steps_done=4, running=(), running_since_s=(), rollout_gpus=frozenset(), train_gpus=()),

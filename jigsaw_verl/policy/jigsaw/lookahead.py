@@ -245,10 +245,11 @@ class LookAheadPolicy:
         """``r`` on the lowest free GPUs, as many as it can use (``caps`` overrides a rollout's fair share),
         joining other pipelines' GPUs when short or, for log-prob passes, when that pays."""
         m = self.planning
-        cap = (caps or {}).get(r, m.n)
+        capped = caps is not None and r in caps  # only the stage named loses its fair-share rules
+        cap = caps[r] if capped else m.n
         if r.stage == ROLLOUT:
             unit = need = m.specs[r.pipeline].rollout_tp
-            if r not in (caps or {}):
+            if not capped:
                 cap = m.rollout_cap(r.pipeline, fair)
         else:
             unit, need = 1, m.rm.min_train[r.pipeline]
@@ -259,11 +260,11 @@ class LookAheadPolicy:
         share = 1.0
         if colocate and r.stage in (ROLLOUT, LOGPROB):
             # a log-prob on fewer than half a fair share would rather wait (below): short of GPUs, too
-            short = max(need, fair // 2) if r.stage == LOGPROB and r not in (caps or {}) else need
+            short = max(need, fair // 2) if r.stage == LOGPROB and not capped else need
             gpus, share = self._join_others(snap, r, gpus, short, unit, plan)
         if len(gpus) < need:
             return None
-        if r.stage == LOGPROB and r not in (caps or {}) and len(gpus) < fair // 2 and len(plan.free) < snap.num_gpus:
+        if r.stage == LOGPROB and not capped and len(gpus) < fair // 2 and len(plan.free) < snap.num_gpus:
             return None  # a training step on a sliver of the pool takes longer than waiting for more
         return StartStage(r.pipeline, r.step, r.stage, tuple(gpus), share)
 
