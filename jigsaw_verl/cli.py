@@ -1,8 +1,8 @@
 """``jigsaw-verl``: the command line.
 
 - ``jigsaw-verl simulate WORKLOAD.yaml [--policies a,b] [--json F] [--trace F] [--plot F]``
-- ``jigsaw-verl mux "RECIPE.sh [override ...]" ... [--group G] [--pool-slots N] [--policy P] [--out DIR]``: several
-  verl recipes multiplexed on one pool (:mod:`jigsaw_verl.runtime.launcher`).
+- ``jigsaw-verl mux "RECIPE.sh [override ...]" ... [--group G] [--pool-slots N] [--pool-nodes K] [--policy P]
+  [--out DIR]``: several verl recipes multiplexed on one pool (:mod:`jigsaw_verl.runtime.launcher`).
 - ``jigsaw-verl check RECIPE.sh [override ...]``: every pre-Ray check the entry point runs on a recipe joining a
   group (the ``jigsaw.*`` rules, the model lookup, the step count), and the planning spec; starts nothing.
 - ``jigsaw-verl demo [--out DIR] [--skip-recipe]``: the simulator on the bundled long-CoT workload (table, trace,
@@ -139,6 +139,7 @@ def cmd_mux(args: argparse.Namespace) -> int:
             args.recipes,
             group=args.group,
             pool_slots=args.pool_slots,
+            pool_nodes=args.pool_nodes,
             policy=args.policy,
             device=args.device,
             gpu=args.gpu,
@@ -159,7 +160,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     recipe = [args.recipe, *args.overrides]
     if not Path(args.recipe).is_file():
         raise UsageError(f"recipe not found: {args.recipe}")
-    appended = group_overrides(args.group, args.policy, pool_slots=args.pool_slots)
+    appended = group_overrides(args.group, args.policy, pool_slots=args.pool_slots, pool_nodes=args.pool_nodes)
     (check,) = check_recipes([recipe], [appended])
     if not check.ok:
         raise UsageError(*(f"{args.recipe}: {line}" for line in check.problems))
@@ -203,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     mux.add_argument("recipes", nargs="+", help='recipe scripts, each optionally with overrides: "path.sh key=value"')
     mux.add_argument("--group", default="mux", help="group name (default: mux)")
     mux.add_argument("--pool-slots", type=int, default=2, help="slots in the shared pool (default: 2)")
+    mux.add_argument(
+        "--pool-nodes",
+        type=int,
+        default=1,
+        help="Ray nodes the pool spans, --pool-slots / --pool-nodes slots on each (default: 1; join a multi-node "
+        "cluster with RAY_ADDRESS)",
+    )
     mux.add_argument("--policy", default="jigsaw", help="scheduling policy (default: jigsaw)")
     mux.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="slot kind (default: cpu)")
     mux.add_argument("--gpu", default=None, help="GPU type from the catalogue when --device cuda (e.g. H100-80G)")
@@ -213,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("overrides", nargs=argparse.REMAINDER, help="hydra overrides appended to the recipe's own")
     check.add_argument("--group", default="check", help="group name to check against (default: check)")
     check.add_argument("--pool-slots", type=int, default=None, help="slots of the group's pool (default: its own)")
+    check.add_argument(
+        "--pool-nodes", type=int, default=None, help="nodes of the group's pool (default: trainer.nnodes or 1)"
+    )
     check.add_argument("--policy", default="jigsaw", help="scheduling policy (default: jigsaw)")
     check.set_defaults(func=cmd_check)
     demo = sub.add_parser("demo", help="the simulator, then two CPU pipelines multiplexed live")

@@ -18,7 +18,8 @@ from jigsaw_verl.model.engine_memory import EngineReservation, fitting_fraction,
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.memory import train_state_bytes
 from jigsaw_verl.model.slots import CPU_REFERENCE_PARAMS, CPU_SLOT
-from jigsaw_verl.pool.homes import group_memory_refusal, pick_home
+from jigsaw_verl.pool.homes import group_memory_refusal
+from jigsaw_verl.pool.topology import PoolTopology, pick_home
 from jigsaw_verl.runtime.executor import EngineMemoryRefused, LiveExecutor
 from jigsaw_verl.runtime.live_policy import live_policy_factory
 
@@ -47,13 +48,16 @@ def test_two_engines_at_verls_example_setting_are_refused_with_the_value_that_fi
 def test_the_group_rule_places_pipelines_as_the_executor_does():
     """Three one-slot pipelines on a two-slot pool: the third shares slot 0 with the first (the executor's home
     rule): at 0.46 each the first two fit, one a slot, and the third is refused on slot 0."""
-    assert pick_home([], 1, 2) == (0,) and pick_home([(0,)], 1, 2) == (1,) and pick_home([(0,), (1,)], 1, 2) == (0,)
-    assert pick_home([(0, 1)], 2, 3) == (1, 2) and pick_home([(0,)], 2, 3) == (1, 2)
+    one, three = PoolTopology(2, 2), PoolTopology(3, 3)
+    assert pick_home([], 1, 1, one) == (0,) and pick_home([(0,)], 1, 1, one) == (1,)
+    assert pick_home([(0,), (1,)], 1, 1, one) == (0,)
+    assert pick_home([(0, 1)], 2, 1, three) == (1, 2) and pick_home([(0,)], 2, 1, three) == (1, 2)
     two = [_engine("a", 0.46), _engine("b", 0.46)]
-    assert group_memory_refusal(two, 2, H100) is None
-    line = group_memory_refusal([*two, _engine("c", 0.46)], 2, H100)
+    assert group_memory_refusal(two, [1, 1], one, H100) is None
+    line = group_memory_refusal([*two, _engine("c", 0.46)], [1, 1, 1], one, H100)
     assert line.startswith(f"{KEY}: slot 0 holds 'a' 0.46, 'c' 0.46") and f"{KEY}=0.45 for each would fit" in line
-    assert group_memory_refusal([_engine("a", 0.45, slots=2), _engine("b", 0.5)], 2, H100).startswith(f"{KEY}: slot 0")
+    refusal = group_memory_refusal([_engine("a", 0.45, slots=2), _engine("b", 0.5)], [1, 1], one, H100)
+    assert refusal.startswith(f"{KEY}: slot 0")
 
 
 def _verl_config(**rollout) -> dict:

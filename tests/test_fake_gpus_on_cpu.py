@@ -51,7 +51,7 @@ def _probe_cluster(device: str) -> dict:
         bundle = pool_bundle("GPU" if device == "cuda" else "CPU", colocate)
         pg = placement_group([bundle] * POOL_SLOTS, strategy="STRICT_PACK")
         ray.get(pg.ready(), timeout=60)
-        placement = PoolPlacement(pg, colocate, POOL_SLOTS, first_slot=0)
+        placement = PoolPlacement((pg,), POOL_SLOTS, colocate, POOL_SLOTS)
         seen = {}
         for pipeline in ("a", "b"):
             manager = SharedPoolManager({"global_pool": [POOL_SLOTS]}, {}, placement, pipeline)

@@ -106,16 +106,14 @@ def test_ledger_a_rollout_server_starts_as_vllm_does_and_charges_what_it_holds(r
     from jigsaw_verl.runtime.ledger_actor import create_ledger
 
     ray = ray_session
-    pg = ray.util.placement_group([{"CPU": 0.01}])
-    ray.get(pg.ready())
     capacity = 4 * MiB  # the tiny model's float32 weights are ~1 MiB
-    ledger = create_ledger(pg.id.hex(), 1, capacity, t0=0.0)
+    ledger = create_ledger("ledger-test", 1, capacity, t0=0.0)
     job = ray.get_runtime_context().get_job_id()
     try:
         ray.get(ledger.register.remote(job, "a", [0]))
         ray.get(ledger.register.remote("other-job", "b", [0]))
         ray.get(ledger.charge.remote("other-job", 0, "actor/rank0/params", 2.5 * MiB))
-        memory = SlotMemory(pg.id.hex(), (0,), job)
+        memory = SlotMemory("ledger-test", (0,), job)
         model = SimpleNamespace(local_path=str(build_tiny_assets().model))
         remote = ray.remote(CPURolloutServer).options(num_cpus=0)
         refused = remote.remote(config=_server_config(0.5), model_config=model, replica_rank=0, memory=memory)
@@ -140,7 +138,6 @@ def test_ledger_a_rollout_server_starts_as_vllm_does_and_charges_what_it_holds(r
         ray.kill(server)
     finally:
         ray.kill(ledger)
-        ray.util.remove_placement_group(pg)
 
 
 def test_ledger_two_pipelines_asking_for_the_pool_at_once_get_one_placement_group_and_one_ledger(ray_session):
@@ -160,13 +157,14 @@ def test_ledger_two_pipelines_asking_for_the_pool_at_once_get_one_placement_grou
         for name in ("a", "b"):
             ray.get(scheduler.join.remote(_spec(name), 1))
         placements = ray.get([scheduler.pool.remote(CPU_RESOURCE, name) for name in ("a", "b")])
-        assert placements[0].placement_group.id == placements[1].placement_group.id
+        assert placements[0].placement_groups == placements[1].placement_groups
+        assert len(placements[0].placement_groups) == 1  # one node
         assert sorted(p.first_slot for p in placements) == [0, 1]
-        assert find_ledger(placements[0].placement_group.id.hex()) is not None
+        assert find_ledger("pool-race") is not None
     finally:
-        ledger = find_ledger(placements[0].placement_group.id.hex()) if placements else None
+        ledger = find_ledger("pool-race")
         for actor in (scheduler, ledger):
             if actor is not None:
                 ray.kill(actor)
-        if placements:
-            ray.util.remove_placement_group(placements[0].placement_group)
+        for pg in placements[0].placement_groups if placements else ():
+            ray.util.remove_placement_group(pg)

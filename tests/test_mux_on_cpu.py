@@ -192,9 +192,13 @@ def test_pipelines_share_one_placement_group_and_move_state_with_their_leases(ru
     pool = json.loads((runs["out"] / "mux" / "pool.json").read_text())
     assert pool["num_slots"] == 2 and pool["max_colocate_count"] == 3 * 2  # two recipes given to the launcher
     assert sorted(pool["pipelines"]) == list(MUX_NAMES)
-    for workers in pool["pipelines"].values():
+    (node,) = pool["nodes"]  # one node: one placement group, both slots
+    assert node["slots"] == [0, 1] and pool["slots_per_node"] == 2 and pool["lost_nodes"] == []
+    for name, workers in pool["pipelines"].items():
         assert len(workers) == 2  # trainer.n_gpus_per_node=2: one worker per slot
-        assert {w["placement_group_id"] for w in workers} == {pool["placement_group_id"]}
+        assert {w["placement_group_id"] for w in workers} == {node["placement_group_id"]}
+        assert {w["node_id"] for w in workers} == {node["node_id"]}
+        assert sorted(w["bundle"] for w in workers) == pool["homes"][name] == [0, 1]
     # every rollout reported when each of its 32 responses finished (the predictor's live-batch curve)
     history = json.loads((runs["out"] / "mux" / "stage_times.json").read_text())
     rollouts = [h for h in history if h["stage"] == "rollout"]
@@ -259,7 +263,13 @@ def test_ledger_no_engine_is_awake_outside_its_pipelines_leases_and_start_ups_ne
          "jigsaw.mux.slots: pipeline 'big' needs 4 slots"),
         (["jigsaw.mux.group=null"], "jigsaw.enable=true needs jigsaw.mux.group"),
         (["jigsaw.mux.policy=fastest"], "jigsaw.mux.policy='fastest' is unknown"),
-        (["trainer.nnodes=2", "trainer.n_gpus_per_node=1"], "trainer.nnodes=2: a multiplexing group's pool"),
+        (["trainer.nnodes=2", "trainer.n_gpus_per_node=1", "jigsaw.mux.pool_slots=2"],
+         "trainer.nnodes=2: pipeline 'gsm8k' spans more nodes than the pool of group 'g' has (1 node(s) x 2 slot(s)"),
+        (["trainer.nnodes=2", "trainer.n_gpus_per_node=2", "jigsaw.mux.pool_nodes=3"],
+         "jigsaw.mux.pool_nodes=3: a pool of 4 slots cannot be cut into 3 equal nodes"),
+        (["trainer.nnodes=2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"],
+         "actor_rollout_ref.rollout.tensor_model_parallel_size=4: the rollout replicas of pipeline 'gsm8k' cannot "
+         "be placed on the pool of group 'g', 2 node(s) x 2 slot(s)"),
         (["reward.reward_model.enable_resource_pool=true"], "reward.reward_model.enable_resource_pool=true"),
         (["jigsaw.mux.slots=1", "jigsaw.mux.pool_slots=1", "trainer.n_gpus_per_node=2"],
          "trainer.n_gpus_per_node=2: pipeline"),
@@ -286,15 +296,15 @@ def _group_args() -> list[str]:
 
 
 def test_the_entry_point_says_it_in_one_line_and_exit_2_before_ray():
-    args = [*_group_args(), "trainer.nnodes=2", "trainer.n_gpus_per_node=1"]
+    args = [*_group_args(), "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "jigsaw.mux.pool_slots=2"]
     r = subprocess.run(
         [sys.executable, "-m", "jigsaw_verl.main_ppo", *args], env=_env(), capture_output=True, text=True
     )
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
-    assert (
-        lines[0] == "jigsaw_verl.main_ppo: error: trainer.nnodes=2: a multiplexing group's pool is one node "
-        "(jigsaw.enable=true)"
+    assert lines[0] == (
+        "jigsaw_verl.main_ppo: error: trainer.nnodes=2: pipeline 'gsm8k' spans more nodes than the pool of group 'g' "
+        "has (1 node(s) x 2 slot(s); jigsaw.mux.pool_nodes)"
     )
     assert "ray init" not in r.stdout
 

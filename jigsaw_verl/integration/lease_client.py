@@ -8,13 +8,16 @@ for the step's metrics.
 
 from __future__ import annotations
 
+import re
 import time
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from jigsaw_verl.integration.pipeline_spec import (
     engine_reservation_from_verl,
     mux_pipeline_name,
+    mux_pool_nodes,
     mux_pool_slots,
     mux_slot_spec,
     mux_slots,
@@ -44,10 +47,13 @@ class StageLeases:
         slots = mux_slots(mux, config)
         self.slots = slots
         spec = pipeline_spec_from_verl(self.pipeline, config, steps=steps)
-        pool = mux_pool_slots(mux, config)
-        self.scheduler = get_scheduler(mux.group, pool, mux_slot_spec(mux, config, spec), mux.policy, mux.max_pipelines)
+        pool, nodes = mux_pool_slots(mux, config), mux_pool_nodes(mux, config)
+        slot = mux_slot_spec(mux, config, spec)
+        self.scheduler = get_scheduler(mux.group, pool, slot, mux.policy, mux.max_pipelines, nodes=nodes)
         engine = engine_reservation_from_verl(mux, config, spec)
-        self.presence = ray.remote(Presence).options(num_cpus=0).remote()
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        # on the trainer's own node: it dies with the trainer, never with another node
+        self.presence = ray.remote(Presence).options(num_cpus=0, scheduling_strategy=here).remote()
         try:
             ray.get(self.scheduler.join.remote(spec, slots, self.presence, offload=mux.offload, engine=engine))
         except ray.exceptions.RayTaskError as err:
@@ -66,19 +72,19 @@ class StageLeases:
         Where the pool has a device-memory ledger (the CPU backend), this pipeline's Ray job is registered with it
         first, so every process of the job charges it as this pipeline."""
         placement = ray.get(self.scheduler.pool.remote(device_resource, self.pipeline))
-        ledger = find_ledger(placement.placement_group.id.hex())
+        ledger = find_ledger(placement.group)
         if ledger is not None:  # rank r of the pipeline's workers goes to slot first_slot + r (shared_pool)
             home = list(range(placement.first_slot, placement.first_slot + self.slots))
             ray.get(ledger.register.remote(ray.get_runtime_context().get_job_id(), self.pipeline, home))
         return placement
 
     def report_placement(self, workers: list) -> list[dict]:
-        """Ask each worker actor which placement group and node it runs in; tell the scheduler; return it."""
+        """Ask each worker actor which placement group, bundle and node it runs in; tell the scheduler; return it."""
 
         def where(worker_self):
             context = ray.get_runtime_context()
             pg = context.get_placement_group_id()
-            return {"placement_group_id": pg, "node_id": context.get_node_id()}
+            return {"placement_group_id": pg, "bundle": bundle_index(context), "node_id": context.get_node_id()}
 
         answers = ray.get([w.__ray_call__.remote(where) for w in workers])
         ray.get(self.scheduler.placed.remote(self.pipeline, answers))
@@ -146,3 +152,11 @@ class StageLeases:
         if self.residency is not None:
             out.update(self.residency.take_metrics())
         return out
+
+
+def bundle_index(context) -> int | None:
+    """The placement-group bundle a verl worker was placed in: verl names each worker
+    ``{prefix}{cls}_{pg_index}:{bundle}`` and places it in that bundle (``RayWorkerGroup._create_worker``,
+    ``verl/single_controller/ray/base.py``); ``None`` for an actor not named so."""
+    found = re.fullmatch(r".+_\d+:(\d+)", context.get_actor_name() or "")
+    return int(found.group(1)) if found else None

@@ -17,6 +17,8 @@ from jigsaw_verl.integration.pipeline_spec import (
     VERL_ENGINE_FRACTION,
     engine_reservation_from_verl,
     mux_pipeline_name,
+    mux_pool_nodes,
+    mux_pool_topology,
     mux_slot_spec,
     mux_slots,
     pipeline_spec_from_verl,
@@ -24,6 +26,9 @@ from jigsaw_verl.integration.pipeline_spec import (
 from jigsaw_verl.integration.settings import JigsawConfigError, MuxSettings
 from jigsaw_verl.integration.step_count import planned_steps
 from jigsaw_verl.model.engine_memory import ENGINE_FRACTION_KEY, slot_memory_refusal
+
+# verl's key of the rollout replicas' tensor-parallel size
+TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
 # verl's FSDP engines (model_engine=dp): what the leases and the residency are built and tested on
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
@@ -65,7 +70,7 @@ def _slots(mux: MuxSettings, config: DictConfig) -> None:
             f"jigsaw.mux.slots: pipeline {name!r} needs {slots} slots (trainer.n_gpus_per_node x trainer.nnodes "
             f"unless set) but group {mux.group!r} has a pool of {pool}"
         )
-    if pool is not None and int(config.trainer.n_gpus_per_node) > pool:
+    if pool is not None and int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes) > pool:
         raise JigsawConfigError(
             f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}: pipeline {name!r} "
             f"places more workers than group {mux.group!r} has pool slots ({pool})"
@@ -73,10 +78,30 @@ def _slots(mux: MuxSettings, config: DictConfig) -> None:
 
 
 def _nodes(mux: MuxSettings, config: DictConfig) -> None:
-    # the pipeline's workers go into the group's one-node pool (integration/shared_pool.py); say so before Ray
-    if int(config.trainer.nnodes) != 1:
+    # the group's pool is nodes x slots (integration/shared_pool.py); a rollout replica stays on one of its nodes
+    name, nodes = mux_pipeline_name(mux, config), int(config.trainer.nnodes)
+    try:
+        topology = mux_pool_topology(mux, config)
+    except ValueError as err:
+        raise JigsawConfigError(f"jigsaw.mux.pool_nodes={mux_pool_nodes(mux, config)}: {err}") from None
+    if nodes > topology.nodes:
         raise JigsawConfigError(
-            f"trainer.nnodes={config.trainer.nnodes}: a multiplexing group's pool is one node (jigsaw.enable=true)"
+            f"trainer.nnodes={nodes}: pipeline {name!r} spans more nodes than the pool of group {mux.group!r} has "
+            f"({topology.describe()}; jigsaw.mux.pool_nodes)"
+        )
+    rollout = config.actor_rollout_ref.rollout
+    tp = int(rollout.get("tensor_model_parallel_size", 1))
+    if tp < 1 or topology.slots_per_node % tp:
+        raise JigsawConfigError(
+            f"{TP_KEY}={tp}: the rollout replicas of pipeline {name!r} cannot be placed on the pool of group "
+            f"{mux.group!r}, {topology.describe()} (a replica never straddles nodes: the TP must divide the slots "
+            "per node)"
+        )
+    per_node = int(rollout.get("n_gpus_per_node") or config.trainer.n_gpus_per_node)
+    if tp > per_node:
+        raise JigsawConfigError(
+            f"{TP_KEY}={tp}: pipeline {name!r}'s rollout replicas would span verl's nodes of {per_node} "
+            f"(actor_rollout_ref.rollout.n_gpus_per_node); in a group a replica stays on one node"
         )
 
 

@@ -18,6 +18,7 @@ from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.memory import train_state_bytes
 from jigsaw_verl.model.slots import sized_slot, slot_spec
 from jigsaw_verl.model.spec import LengthDist, PipelineSpec
+from jigsaw_verl.pool.topology import PoolTopology
 
 # verl's RolloutConfig.gpu_memory_utilization default (verl/workers/config/rollout.py), for a config without the key
 VERL_ENGINE_FRACTION = 0.5
@@ -51,6 +52,23 @@ def mux_slots(mux: MuxSettings, config) -> int:
 def mux_pool_slots(mux: MuxSettings, config) -> int:
     """The slots of the group's pool when this pipeline creates it: ``jigsaw.mux.pool_slots``, else its own."""
     return mux.pool_slots if mux.pool_slots is not None else mux_slots(mux, config)
+
+
+def mux_pool_nodes(mux: MuxSettings, config) -> int:
+    """The nodes of the group's pool when this pipeline creates it: ``jigsaw.mux.pool_nodes``, else
+    ``trainer.nnodes`` for a pool of the pipeline's own slots, else one."""
+    if mux.pool_nodes is not None:
+        return mux.pool_nodes
+    return int(_get(config, "trainer.nnodes")) if mux.pool_slots is None else 1
+
+
+def mux_pool_topology(mux: MuxSettings, config) -> PoolTopology:
+    """The shape of the group's pool when this pipeline creates it (``ValueError`` when the slots do not cut into
+    its nodes)."""
+    slots, nodes = mux_pool_slots(mux, config), mux_pool_nodes(mux, config)
+    if slots % nodes:
+        raise ValueError(f"a pool of {slots} slots cannot be cut into {nodes} equal nodes")
+    return PoolTopology(slots, slots // nodes)
 
 
 def pipeline_spec_from_verl(name: str, config, *, steps: int | None = None) -> PipelineSpec:

@@ -62,6 +62,12 @@ def _slots_or_null(key: str, value: Any) -> int | None:
     return value
 
 
+def _nodes_or_null(key: str, value: Any) -> int | None:
+    if value is not None and (not _is_int(value) or value < 1):
+        raise JigsawConfigError(f"{key} must be a positive number of nodes or null, got {value!r}")
+    return value
+
+
 def _mib_or_null(key: str, value: Any) -> float | None:
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
@@ -128,6 +134,9 @@ class MuxSettings:
             ``trainer.n_gpus_per_node * trainer.nnodes`` (:func:`~jigsaw_verl.integration.pipeline_spec.mux_slots`).
         pool_slots: slots (a count, >= 1) in the group's pool, used by the pipeline that creates the group; ``None``
             takes this pipeline's slots.
+        pool_nodes: nodes (a count, >= 1) the group's pool spans, ``pool_slots / pool_nodes`` slots on each, used by
+            the pipeline that creates the group; ``None`` takes ``trainer.nnodes`` when ``pool_slots`` is ``None``,
+            else 1 (:func:`~jigsaw_verl.integration.pipeline_spec.mux_pool_topology`).
         policy: scheduling policy of the group (a registry name: ``jigsaw``, ``greedy``, a baseline).
         max_pipelines: most pipelines (a count, >= 1) the group holds at once, used by the pipeline that creates it:
             each worker takes ``1 / (3 * max_pipelines)`` of a pool slot's Ray resources.
@@ -143,6 +152,7 @@ class MuxSettings:
     pipeline: str | None = _key(_name_or_null)
     slots: int | None = _key(_slots_or_null)
     pool_slots: int | None = _key(_slots_or_null)
+    pool_nodes: int | None = _key(_nodes_or_null)
     policy: str = _key(_policy)
     max_pipelines: int = _key(_max_pipelines)
     offload: bool = _key(_flag)

@@ -1,11 +1,12 @@
-"""The group's pool as Ray placement groups: one set, owned by the group's scheduler, into which every joined
-pipeline's worker groups are placed.
+"""The group's pool as Ray placement groups: one per node (as verl makes its own), owned by the group's scheduler,
+into which every joined pipeline's worker groups are placed.
 
 Built on ``verl/single_controller/ray/base.py``: verl's trainer makes its placement groups through
 ``ResourcePoolManager.create_resource_pool`` and ``RayResourcePool.get_placement_groups``, which returns the
 pool's ``pgs`` when they are already set. :class:`SharedPoolManager` makes verl's ``SubRayResourcePool`` over the
-group's placement group, so ``RayWorkerGroup`` places rank ``r`` in bundle ``first_slot + r`` of the shared pool
-(the pipeline's home, which the scheduler picks to spread pipelines); nothing else of verl changes.
+group's placement groups, so ``RayWorkerGroup`` places rank ``r`` in slot ``first_slot + r`` of the shared pool
+(the pipeline's home, which the scheduler picks to spread pipelines and keep each rollout replica on one node;
+slot ``g`` is bundle ``g % slots_per_node`` of node ``g // slots_per_node``); nothing else of verl changes.
 
 Each bundle is a slot, shaped as verl shapes its own (``{"CPU": colocate, <device>: 1}``). verl gives each
 colocated worker ``1 / max_colocate_count`` of a bundle's device; here ``max_colocate_count`` is verl's default
@@ -23,14 +24,17 @@ GLOBAL_POOL = "global_pool"
 
 
 class SharedResourcePool(SubRayResourcePool):
-    """verl's ``SubRayResourcePool`` over the group's pool: ``world_size`` ranks from bundle ``first_slot`` on."""
+    """verl's ``SubRayResourcePool`` over the group's pool: ``world_size`` ranks from slot ``first_slot`` on, across
+    the pool's per-node placement groups (verl's node-major numbering: rank ``r`` in group
+    ``(first_slot + r) // slots_per_node``), with ``RAY_LOCAL_WORLD_SIZE`` the pool's slots per node, as a
+    multi-node verl run on such nodes gets."""
 
     def __init__(self, world_size: int, placement: PoolPlacement, name_prefix: str):
         super().__init__(
-            placement_groups=[placement.placement_group],
+            placement_groups=list(placement.placement_groups),
             start_bundle_index=placement.first_slot,
             subgroup_world_size=world_size,
-            process_on_nodes=[placement.num_slots],
+            process_on_nodes=[placement.slots_per_node] * len(placement.placement_groups),
             use_gpu=True,
             max_colocate_count=placement.max_colocate_count,
             name_prefix=name_prefix,
@@ -74,13 +78,8 @@ def check_shareable(resource_pool_spec: dict, placement: PoolPlacement, pipeline
             "the group's pool"
         )
     nodes = resource_pool_spec[GLOBAL_POOL]
-    if len(nodes) != 1:
+    if placement.first_slot + sum(nodes) > placement.num_slots:
         raise ValueError(
-            f"trainer.nnodes={len(nodes)}: a multiplexing group's pool is one node; pipeline {pipeline!r} needs "
-            f"{len(nodes)}"
-        )
-    if placement.first_slot + nodes[0] > placement.num_slots:
-        raise ValueError(
-            f"trainer.n_gpus_per_node={nodes[0]}: pipeline {pipeline!r} needs more slots than the group's pool "
-            f"has from slot {placement.first_slot} ({placement.num_slots} in all)"
+            f"trainer.n_gpus_per_node={nodes[0]} x trainer.nnodes={len(nodes)}: pipeline {pipeline!r} needs more "
+            f"slots than the group's pool has from slot {placement.first_slot} ({placement.num_slots} in all)"
         )

@@ -179,6 +179,8 @@ class Snapshot:
             it can be evicted), bytes.
         replicas: live rollout replicas, by id.
         history: finished stages, oldest first (the executor may keep only the last few steps per pipeline).
+        gpus_per_node: GPUs on each of the pool's nodes (GPU ``g`` on node ``g // gpus_per_node``; NVLink within a
+            node, the NIC across); 0: the pool is one node.
     """
 
     now_s: float
@@ -191,6 +193,7 @@ class Snapshot:
     free_bytes: tuple[float, ...] = ()
     replicas: tuple[ReplicaView, ...] = ()
     history: tuple[StageTiming, ...] = ()
+    gpus_per_node: int = 0
 
 
 @dataclass(frozen=True)

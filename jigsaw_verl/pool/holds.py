@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jigsaw_verl.model.graph import ROLLOUT
+from jigsaw_verl.pool.topology import PoolTopology
 
 
 @dataclass(eq=False)
@@ -73,17 +74,27 @@ class Segment:
 class SlotHolds:
     """The holds on each of ``num_slots`` slots, and which pipeline used each slot last."""
 
-    def __init__(self, num_slots: int):
+    def __init__(self, num_slots: int, slots_per_node: int | None = None):
         self.num_slots = num_slots
+        self.slots_per_node = slots_per_node or num_slots
         self._on: list[list[Hold]] = [[] for _ in range(num_slots)]
         self.last: list[str | None] = [None] * num_slots
+        self.lost: frozenset[int] = frozenset()  # slots of nodes that left the pool: never free again
+
+    @property
+    def topology(self) -> PoolTopology:
+        return PoolTopology(self.num_slots, self.slots_per_node)
+
+    def lose(self, slots) -> None:
+        """``slots`` left the pool (their node died)."""
+        self.lost = self.lost | frozenset(slots)
 
     def on(self, slot: int) -> list[Hold]:
         """The holds on ``slot`` now (at most two), oldest first. Do not mutate."""
         return self._on[slot]
 
     def free_slots(self) -> list[int]:
-        return [g for g, held in enumerate(self._on) if not held]
+        return [g for g, held in enumerate(self._on) if not held and g not in self.lost]
 
     def holds(self) -> list[Hold]:
         """Every hold, each once, in slot order of first appearance."""

@@ -88,6 +88,7 @@ def build_snapshot(
     basic = dict(
         now_s=now_s,
         num_gpus=holds.num_slots,
+        gpus_per_node=holds.slots_per_node,
         free_gpus=frozenset(holds.free_slots()),
         ready=view.ready,
         pipelines=tuple(views),

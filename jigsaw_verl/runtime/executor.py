@@ -11,7 +11,9 @@ it learns the real stage times from the snapshot's ``history``.
 
 What differs from the simulator, and why:
 - A verl pipeline's worker groups are placed once, when it starts: rank ``r`` in the pool's slot ``home[r]`` (its
-  *home*, a contiguous run of slots the executor picks at join, spreading pipelines over the pool). Every stage of
+  *home*, a contiguous run of slots the executor picks at join by the pool's rule,
+  :func:`~jigsaw_verl.pool.topology.pick_home`: spread over the pool, each rollout replica on one node). A node that
+  dies (``lose_node``) takes the pipelines living on it out of the group; the others go on. Every stage of
   it runs there, so the policy decides *when* a stage runs and whether it shares its slots (``sm_share``); a grant
   is always on the pipeline's home, and waits while the home cannot take it.
 - Memory: what each slot holds is what the pipelines there have resident (:func:`stage_resident_bytes` of every
@@ -50,10 +52,11 @@ from jigsaw_verl.model.graph import OUTSIDE_STAGES, ROLLOUT, STAGES, UPDATE, WEI
 from jigsaw_verl.model.spec import ClusterSpec, PipelineSpec, WorkloadSpec
 from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, Snapshot, StartStage, features_of
 from jigsaw_verl.pool.holds import Hold, Refusal, Segment, SlotHolds
-from jigsaw_verl.pool.homes import pick_home, sharing_refusal
+from jigsaw_verl.pool.homes import sharing_refusal
 from jigsaw_verl.pool.progress import PipelineProgress
 from jigsaw_verl.pool.snapshot import ExecutorView, build_snapshot
 from jigsaw_verl.pool.timeline import Slice
+from jigsaw_verl.pool.topology import PoolTopology, pick_home, placement_refusal
 from jigsaw_verl.runtime.leases import (
     EngineMemoryRefused,
     Grant,
@@ -93,17 +96,27 @@ class LiveExecutor:
         gpu: the slot's hardware figures for the policy's cost model and memory (its predictor corrects times).
         policy_factory: builds the policy over the pipelines joined so far (one configuration).
         policy_name: the policy's name, for messages.
+        topology: the pool's nodes (``None``: one node of ``num_slots``); homes keep rollout replicas on one node.
     """
 
     def __init__(
-        self, num_slots: int, gpu: GPUSpec, policy_factory: Callable[[WorkloadSpec], Policy], *, policy_name: str
+        self,
+        num_slots: int,
+        gpu: GPUSpec,
+        policy_factory: Callable[[WorkloadSpec], Policy],
+        *,
+        policy_name: str,
+        topology: PoolTopology | None = None,
     ):
         if num_slots < 1:
             raise ValueError(f"the pool needs at least one slot, got {num_slots}")
+        self.topology = topology or PoolTopology(num_slots, num_slots)
+        if self.topology.num_slots != num_slots:
+            raise ValueError(f"a pool of {num_slots} slots cannot have the shape {self.topology.describe()}")
         self.num_slots, self.gpu = num_slots, gpu
         self.policy_factory, self.policy_name = policy_factory, policy_name
         self.pipes: dict[str, LivePipe] = {}
-        self.holds = SlotHolds(num_slots)
+        self.holds = SlotHolds(num_slots, self.topology.slots_per_node)
         self.history: list = []
         self.slices: list[Slice] = []
         self.left: dict[str, str] = {}
@@ -130,7 +143,7 @@ class LiveExecutor:
             raise ValueError(f"pipeline {spec.name!r} already joined this group")
         if slots > self.num_slots:
             raise PoolTooSmall(f"pipeline {spec.name!r} needs {slots} slots but the group's pool has {self.num_slots}")
-        home = self._pick_home(slots)
+        home = self._pick_home(spec, slots)
         refusal = self._engine_refusal(home, engine) if engine is not None else None
         if refusal:
             raise EngineMemoryRefused(f"pipeline {spec.name!r} cannot join: {refusal}")
@@ -166,9 +179,25 @@ class LiveExecutor:
         """The slots a pipeline's workers are placed on (rank ``r`` on ``home[r]``)."""
         return self._pipe(pipeline).home
 
-    def _pick_home(self, slots: int) -> tuple[int, ...]:
-        """The contiguous run of ``slots`` slots the fewest joined pipelines live on (the lowest such run)."""
-        return pick_home([ps.home for ps in self.pipes.values()], slots, self.num_slots)
+    def _pick_home(self, spec: PipelineSpec, slots: int) -> tuple[int, ...]:
+        """The pool's home rule (:func:`~jigsaw_verl.pool.topology.pick_home`): a run of ``slots`` slots whose
+        rollout replicas stay on one node, the fewest joined pipelines live on, on no lost node."""
+        tp = spec.rollout_tp
+        home = pick_home([ps.home for ps in self.pipes.values()], slots, tp, self.topology, self.holds.lost)
+        if home is None:
+            why = placement_refusal(slots, tp, self.topology) or f"slots {sorted(self.holds.lost)} are on lost nodes"
+            raise PoolTooSmall(f"pipeline {spec.name!r} (rollout TP {tp}) has no home of {slots} slots: {why}")
+        return home
+
+    def lose_node(self, node: int, now: float) -> list[Grant]:
+        """Node ``node`` left the pool (its Ray node died): every pipeline living on it leaves (its workers are
+        gone), its slots are never handed out again; returns the grants this makes for the others."""
+        slots = set(self.topology.node_slots(node))
+        self.holds.lose(slots)
+        grants: list[Grant] = []
+        for name in [n for n, ps in self.pipes.items() if slots & set(ps.home)]:
+            grants += self.leave(name, now, reason=f"node {node} lost")
+        return grants
 
     def _engine_refusal(self, home: tuple[int, ...], engine: EngineReservation) -> str | None:
         """The slot memory rule over the pipelines already living on ``home`` plus the newcomer's ``engine``."""
@@ -311,7 +340,7 @@ class LiveExecutor:
             workload = WorkloadSpec(
                 name="live",
                 seed=0,
-                cluster=ClusterSpec(gpu=self.gpu, num_gpus=self.num_slots, gpus_per_node=self.num_slots),
+                cluster=ClusterSpec(gpu=self.gpu, num_gpus=self.num_slots, gpus_per_node=self.topology.slots_per_node),
                 pipelines=tuple(p.spec for p in self._ordered()),
             )
             self._policy = self.policy_factory(workload)

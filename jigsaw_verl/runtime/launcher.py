@@ -34,6 +34,7 @@ from typing import IO
 
 from jigsaw_verl.model.slots import slot_spec
 from jigsaw_verl.pool.timeline import Slice, Timeline
+from jigsaw_verl.pool.topology import PoolTopology
 from jigsaw_verl.runtime.leases import PolicyRefused
 from jigsaw_verl.runtime.live_policy import live_policy_factory
 from jigsaw_verl.runtime.recipe_entry import (
@@ -81,6 +82,7 @@ def launch(
     *,
     group: str = "mux",
     pool_slots: int = 2,
+    pool_nodes: int = 1,
     policy: str,
     device: str = "cpu",
     gpu: str | None = None,
@@ -97,6 +99,11 @@ def launch(
         RecipeRefused: a recipe the group cannot run (every pre-Ray check of each, before Ray starts).
     """
     parsed = _parse_recipes(recipes)
+    if pool_nodes < 1 or pool_slots < 1 or pool_slots % pool_nodes:
+        raise ValueError(
+            f"--pool-nodes {pool_nodes}: the pool's {pool_slots} slots must cut into that many equal nodes"
+        )
+    topology = PoolTopology.of_nodes(pool_nodes, pool_slots // pool_nodes)
     try:
         live_policy_factory(policy)  # unknown, or needs asynchronous execution: one line before Ray starts
     except PolicyRefused as err:
@@ -105,9 +112,9 @@ def launch(
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [f"p{i}-{Path(p[0]).stem}" for i, p in enumerate(parsed)]
-    group_args = group_overrides(group, policy, pool_slots=pool_slots, max_pipelines=len(parsed))
+    group_args = group_overrides(group, policy, pool_slots=pool_slots, pool_nodes=pool_nodes, max_pipelines=len(parsed))
     appended = [[*group_args, f"jigsaw.mux.pipeline={n}", f"trainer.experiment_name={n}"] for n in names]
-    plan = _GroupPlan(names, parsed, appended, group, pool_slots, slot, policy, device, out_dir)
+    plan = _GroupPlan(names, parsed, appended, group, topology, slot, policy, device, out_dir)
     started = time.perf_counter()
     with _stop_on_signals() as stop:
         # the slot memory the group plans with (its first pipeline's: the one that would create the group)
@@ -148,7 +155,7 @@ class _GroupPlan:
     recipes: list[list[str]]  # [path, override ...] as given
     appended: list[list[str]]  # what the launcher appends to each (its jigsaw.* keys and experiment name)
     group: str
-    pool_slots: int
+    topology: PoolTopology
     slot: object  # the slot's GPUSpec
     policy: str
     device: str
@@ -163,7 +170,7 @@ def _check_group(plan: _GroupPlan, progress) -> float:
     problems = [f"{n} ({c.recipe}): {line}" for n, c in zip(plan.names, checks, strict=True) for line in c.problems]
     if problems:
         raise RecipeRefused(problems)
-    memory = group_memory_problem(checks, plan.pool_slots)
+    memory = group_memory_problem(checks, plan.topology)
     if memory:
         raise RecipeRefused([f"the group's {len(checks)} pipelines: {memory}"])
     for name, c in zip(plan.names, checks, strict=True):
@@ -188,7 +195,9 @@ def _run_group(plan: _GroupPlan, progress, stop: threading.Event) -> tuple[list[
     try:
         address = ray.get_runtime_context().gcs_address
         # the pool holds every recipe's workers at once (each takes 1/(3 x len(recipes)) of a slot)
-        scheduler = get_scheduler(plan.group, plan.pool_slots, plan.slot, plan.policy, len(plan.recipes))
+        scheduler = get_scheduler(
+            plan.group, plan.topology.num_slots, plan.slot, plan.policy, len(plan.recipes), plan.topology.nodes
+        )
         shims = write_shims(plan.out_dir / "bin")
         for name, recipe, extra in zip(plan.names, plan.recipes, plan.appended, strict=True):
             runs.append(_start_pipeline(name, recipe, extra, shims, address, plan.out_dir, progress))

@@ -1,9 +1,10 @@
 """The group's device-memory ledger as a Ray actor, found by the pool's placement group.
 
-On the CPU backend the group's scheduler makes one beside the pool's placement group (:meth:`MuxScheduler.pool`):
+On the CPU backend the group's scheduler makes one beside the pool's placement groups (:meth:`MuxScheduler.pool`):
 a GPU enforces memory, the CPU does not, so every holder of what a GPU would hold charges this ledger. A holder
 knows only the placement group it runs in (Ray's runtime context), its Ray job and its rank in its worker group, so
-the ledger is named by the placement group's id (:func:`ledger_name`) and learns which pipeline a job is, and which
+the ledger is named by the group (:func:`ledger_name`), which the name of each of the pool's placement groups
+carries (:func:`group_of_placement_group`), and learns which pipeline a job is, and which
 slots its ranks are on (rank ``r`` in slot ``home[r]``, as verl places them), when the pipeline receives the pool
 (:meth:`LedgerActor.register`). A charge that does not fit raises
 :class:`~jigsaw_verl.pool.ledger.DeviceOutOfMemory` in the holder. On a GPU there is no ledger: the device itself
@@ -13,16 +14,29 @@ fails.
 from __future__ import annotations
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from jigsaw_verl.pool.ledger import DeviceLedger
+from jigsaw_verl.runtime.pool_placement import group_of_pool_name
 
 # the Ray namespace of the group's actors (its scheduler and ledger)
 NAMESPACE = "jigsaw_mux"
 
 
-def ledger_name(placement_group_hex: str) -> str:
-    """The Ray actor name of the ledger of the pool whose placement group id is ``placement_group_hex``."""
-    return f"jigsaw-ledger-{placement_group_hex}"
+def ledger_name(group: str) -> str:
+    """The Ray actor name of the ledger of ``group``'s pool."""
+    return f"jigsaw-ledger-{group}"
+
+
+def group_of_placement_group(placement_group_hex: str | None) -> str | None:
+    """The group whose pool the placement group ``placement_group_hex`` is a node of, or ``None``."""
+    if not placement_group_hex:
+        return None
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup, placement_group_table
+
+    pg = PlacementGroup(PlacementGroupID.from_hex(placement_group_hex))
+    return group_of_pool_name(placement_group_table(pg).get("name") or "")
 
 
 class LedgerActor:
@@ -75,20 +89,22 @@ class LedgerActor:
         return home[rank], pipeline
 
 
-def create_ledger(placement_group_hex: str, num_slots: int, capacity_bytes: float, t0: float):
-    """Make the pool's ledger actor (owned by the caller: it ends with the group's scheduler)."""
+def create_ledger(group: str, num_slots: int, capacity_bytes: float, t0: float):
+    """Make ``group``'s ledger actor on the caller's node (owned by the caller: it ends with the group's scheduler,
+    and a node leaving the cluster never takes it)."""
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return (
         ray.remote(LedgerActor)
-        .options(name=ledger_name(placement_group_hex), namespace=NAMESPACE, num_cpus=0)
+        .options(name=ledger_name(group), namespace=NAMESPACE, num_cpus=0, scheduling_strategy=here)
         .remote(num_slots, capacity_bytes, t0)
     )
 
 
-def find_ledger(placement_group_hex: str | None):
-    """The ledger of the pool with this placement group id, or ``None`` (no such pool, or a GPU pool)."""
-    if not placement_group_hex:
+def find_ledger(group: str | None):
+    """``group``'s ledger, or ``None`` (no such group, or a GPU pool)."""
+    if not group:
         return None
     try:
-        return ray.get_actor(ledger_name(placement_group_hex), namespace=NAMESPACE)
+        return ray.get_actor(ledger_name(group), namespace=NAMESPACE)
     except ValueError:
         return None

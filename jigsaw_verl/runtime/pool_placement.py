@@ -28,19 +28,42 @@ def pool_bundle(device_resource: str, max_colocate_count: int) -> dict[str, floa
     return {"CPU": float(max_colocate_count), device_resource: 1.0}
 
 
+# the name of a pool node's placement group: ``jigsaw-pool-<group>-node<k>`` (a worker finds its group's ledger by it)
+POOL_PREFIX, NODE_INFIX = "jigsaw-pool-", "-node"
+
+
+def pool_group_name(group: str, node: int) -> str:
+    """The name of the placement group of node ``node`` of ``group``'s pool."""
+    return f"{POOL_PREFIX}{group}{NODE_INFIX}{node}"
+
+
+def group_of_pool_name(name: str) -> str | None:
+    """The group whose pool placement group is named ``name``, or ``None`` (not a pool's)."""
+    if not name.startswith(POOL_PREFIX) or NODE_INFIX not in name:
+        return None
+    group, node = name[len(POOL_PREFIX) :].rsplit(NODE_INFIX, 1)
+    return group if node.isdigit() else None
+
+
 @dataclass(frozen=True)
 class PoolPlacement:
     """The group's pool as a pipeline receives it from the scheduler.
 
     Args:
-        placement_group: the pool's Ray placement group (one bundle per slot, one node).
+        placement_groups: the pool's Ray placement groups, one per node in node order (as verl makes one per node),
+            ``slots_per_node`` bundles each: slot ``g`` is bundle ``g % slots_per_node`` of group
+            ``g // slots_per_node``.
+        slots_per_node: bundles (slots) per node.
         max_colocate_count: verl's colocation count every pipeline of the group uses, so each of its workers takes
             ``1 / max_colocate_count`` of a slot: ``VERL_COLOCATE`` times the most pipelines the group holds.
         num_slots: bundles in the pool.
-        first_slot: the bundle of the pipeline's rank 0 (its ranks take the bundles from there on: its home).
+        group: the group's name (its ledger's, on the CPU backend).
+        first_slot: the slot of the pipeline's rank 0 (its ranks take the slots from there on: its home).
     """
 
-    placement_group: object
+    placement_groups: tuple
+    slots_per_node: int
     max_colocate_count: int
     num_slots: int
+    group: str = ""
     first_slot: int = 0

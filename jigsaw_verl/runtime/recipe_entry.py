@@ -28,6 +28,7 @@ from pathlib import Path
 
 from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.pool.homes import group_memory_refusal
+from jigsaw_verl.pool.topology import PoolTopology
 
 # the entry point's check mode: a path it writes its verdict to (and then exits, before Ray)
 CHECK_ENV = "JIGSAW_VERL_CHECK"
@@ -49,13 +50,20 @@ exec {real} "${{args[@]}}"
 
 
 def group_overrides(
-    group: str, policy: str, *, pool_slots: int | None = None, max_pipelines: int | None = None
+    group: str,
+    policy: str,
+    *,
+    pool_slots: int | None = None,
+    pool_nodes: int | None = None,
+    max_pipelines: int | None = None,
 ) -> list[str]:
     """The ``jigsaw.*`` overrides that make a recipe a pipeline of ``group`` (what the launcher appends to each
     recipe, and what ``jigsaw-verl check`` checks a recipe with)."""
     args = ["jigsaw.enable=true", f"jigsaw.mux.group={group}", f"jigsaw.mux.policy={policy}"]
     if pool_slots is not None:
         args.append(f"jigsaw.mux.pool_slots={pool_slots}")
+    if pool_nodes is not None:
+        args.append(f"jigsaw.mux.pool_nodes={pool_nodes}")
     if max_pipelines is not None:
         args.append(f"jigsaw.mux.max_pipelines={max_pipelines}")
     return args
@@ -109,11 +117,13 @@ class RecipeCheck:
         return not self.problems
 
 
-def group_memory_problem(checks: list[RecipeCheck], pool_slots: int) -> str | None:
-    """The slot memory rule over a group of checked recipes (placed in order, as the launcher starts them, by the
-    executor's home rule) on the slot memory the first one (the group's creator) plans with; ``None``: it fits."""
+def group_memory_problem(checks: list[RecipeCheck], topology: PoolTopology) -> str | None:
+    """The placement and slot memory rules over a group of checked recipes (placed in order, as the launcher starts
+    them, by the executor's home rule on the pool's nodes) on the slot memory the first one (the group's creator)
+    plans with; ``None``: it fits."""
     reservations = [EngineReservation(**c.engine) for c in checks]
-    return group_memory_refusal(reservations, pool_slots, checks[0].slot_memory_bytes)
+    tps = [int(c.spec["rollout_tp"]) for c in checks]
+    return group_memory_refusal(reservations, tps, topology, checks[0].slot_memory_bytes)
 
 
 def check_recipes(recipes: list[list[str]], appended: list[list[str]], *, progress=None) -> list[RecipeCheck]:

@@ -19,10 +19,13 @@ import time
 from dataclasses import asdict, replace
 
 import ray
+from ray.util.placement_group import NODE_ID_LABEL_KEY as NODE_ID_LABEL
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from jigsaw_verl.model.catalogue import GPUSpec
 from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.spec import PipelineSpec
+from jigsaw_verl.pool.topology import PoolTopology
 from jigsaw_verl.runtime.executor import (
     EngineMemoryRefused,
     Grant,
@@ -33,7 +36,7 @@ from jigsaw_verl.runtime.executor import (
 )
 from jigsaw_verl.runtime.ledger_actor import NAMESPACE, create_ledger
 from jigsaw_verl.runtime.live_policy import live_policy_factory
-from jigsaw_verl.runtime.pool_placement import VERL_COLOCATE, PoolPlacement, pool_bundle
+from jigsaw_verl.runtime.pool_placement import VERL_COLOCATE, PoolPlacement, pool_bundle, pool_group_name
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +71,12 @@ class MuxScheduler:
         policy: str,
         max_pipelines: int,
         watchdog_s: float = 1.0,
+        nodes: int = 1,
     ):
         if max_pipelines < 1:
             raise ValueError(f"jigsaw.mux.max_pipelines must be at least 1, got {max_pipelines}")
+        if nodes < 1 or num_slots % nodes:
+            raise ValueError(f"jigsaw.mux.pool_nodes={nodes}: the pool's {num_slots} slots must cut into equal nodes")
         self.group = group
         self.max_pipelines = max_pipelines
         self._pool: tuple[str, PoolPlacement] | None = None
@@ -83,7 +89,11 @@ class MuxScheduler:
             factory, self.refused = live_policy_factory(policy), None
         except PolicyRefused as err:  # every join is refused with this line; the actor itself stays up to say so
             factory, self.refused = None, err
-        self.executor = LiveExecutor(num_slots, gpu, factory, policy_name=policy)
+        topology = PoolTopology.of_nodes(nodes, num_slots // nodes)
+        self.executor = LiveExecutor(num_slots, gpu, factory, policy_name=policy, topology=topology)
+        self.node_ids: list[str] = []  # the Ray node of each pool node, once the pool is made
+        self.lost_nodes: set[int] = set()
+        self._homes: dict[str, list[int]] = {}
         self.t0 = time.monotonic()
         self.watchdog_s = watchdog_s
         self._events: dict[tuple[str, int, str], asyncio.Event] = {}
@@ -121,6 +131,7 @@ class MuxScheduler:
         except (PoolTooSmall, PolicyRefused, EngineMemoryRefused) as err:
             self.errors[pipeline.name] = str(err)
             raise
+        self._homes[pipeline.name] = list(self.executor.home(pipeline.name))
         if owner is not None:
             self._owners[pipeline.name] = owner
         if self._watchdog is None:
@@ -128,9 +139,9 @@ class MuxScheduler:
         return {"group": self.group, "num_slots": self.executor.num_slots, "policy": self.executor.policy_name}
 
     async def pool(self, device_resource: str, pipeline: str) -> PoolPlacement:
-        """The pool's placement group, made at the first call: one bundle per slot, shaped as verl shapes its
-        own, with room in each for one worker of every pipeline the group may hold; and where in it the (joined)
-        ``pipeline`` places its workers (its home slots)."""
+        """The pool's placement groups, made at the first call: one per node, one bundle per slot, shaped as verl
+        shapes its own, with room in each for one worker of every pipeline the group may hold; and where in it the
+        (joined) ``pipeline`` places its workers (its home slots)."""
         async with self._pool_made:  # a call that comes while the first awaits the placement waits for it
             if self._pool is None:
                 await self._make_pool(device_resource)
@@ -143,24 +154,31 @@ class MuxScheduler:
     async def _make_pool(self, device_resource: str) -> None:
         from ray.util.placement_group import placement_group
 
-        colocate = VERL_COLOCATE * self.max_pipelines
+        topology, colocate = self.executor.topology, VERL_COLOCATE * self.max_pipelines
         bundle = pool_bundle(device_resource, colocate)
-        pg = placement_group(
-            [dict(bundle) for _ in range(self.executor.num_slots)],
-            strategy="STRICT_PACK",
-            name=f"jigsaw-pool-{self.group}",
-        )
+        self.node_ids = await asyncio.to_thread(pool_nodes, bundle, topology, self.group)
+        pgs = [
+            placement_group(
+                [dict(bundle) for _ in range(topology.slots_per_node)],
+                strategy="STRICT_PACK",
+                name=pool_group_name(self.group, k),
+                bundle_label_selector=[{NODE_ID_LABEL: node_id}] * topology.slots_per_node,
+            )
+            for k, node_id in enumerate(self.node_ids)
+        ]
         try:
-            await asyncio.wait_for(pg.ready(), timeout=POOL_READY_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.gather(*(pg.ready() for pg in pgs)), timeout=POOL_READY_TIMEOUT_S)
         except asyncio.TimeoutError:
-            ray.util.remove_placement_group(pg)
+            for pg in pgs:
+                ray.util.remove_placement_group(pg)
             raise RuntimeError(
-                f"group {self.group!r}: the Ray cluster cannot place a pool of {self.executor.num_slots} slots "
-                f"of {bundle} on one node within {POOL_READY_TIMEOUT_S:.0f} s"
+                f"group {self.group!r}: the Ray cluster cannot place a pool of {topology.describe()} of {bundle} "
+                f"within {POOL_READY_TIMEOUT_S:.0f} s"
             ) from None
-        self._pool = (device_resource, PoolPlacement(pg, colocate, self.executor.num_slots))
+        placement = PoolPlacement(tuple(pgs), topology.slots_per_node, colocate, topology.num_slots, self.group)
+        self._pool = (device_resource, placement)
         if device_resource == CPU_RESOURCE:  # the CPU enforces no device memory: the ledger does
-            self._ledger = create_ledger(pg.id.hex(), self.executor.num_slots, self.slot_memory_bytes, self.t0)
+            self._ledger = create_ledger(self.group, topology.num_slots, self.slot_memory_bytes, self.t0)
             await self._ledger.__ray_ready__.remote()
 
     async def memory(self) -> dict | None:
@@ -172,13 +190,21 @@ class MuxScheduler:
         self._placed[pipeline] = list(workers)
 
     def placement(self) -> dict:
-        """The pool's placement group id and where every pipeline's workers are."""
-        pool = None if self._pool is None else self._pool[1]
+        """The pool's nodes (each: its Ray node, placement group and slots) and where every pipeline's workers
+        are (``pool.json``)."""
+        pool, topology = None if self._pool is None else self._pool[1], self.executor.topology
+        nodes = [
+            {"node_id": node_id, "placement_group_id": pg.id.hex(), "slots": list(topology.node_slots(k))}
+            for k, (node_id, pg) in enumerate(zip(self.node_ids, pool.placement_groups if pool else (), strict=False))
+        ]
         return {
-            "placement_group_id": None if pool is None else pool.placement_group.id.hex(),
-            "num_slots": self.executor.num_slots,
+            "num_slots": topology.num_slots,
+            "slots_per_node": topology.slots_per_node,
+            "nodes": nodes,
+            "lost_nodes": sorted(self.lost_nodes),
             "max_colocate_count": None if pool is None else pool.max_colocate_count,
             "pipelines": dict(self._placed),
+            "homes": dict(self._homes),
         }
 
     async def acquire(self, pipeline: str, step: int, stage: str) -> dict:
@@ -233,6 +259,7 @@ class MuxScheduler:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.watchdog_s)
+            await self._watch_nodes()
             for name, owner in list(self._owners.items()):
                 try:
                     await asyncio.wait_for(owner.__ray_ready__.remote(), timeout=30 * self.watchdog_s)
@@ -241,6 +268,27 @@ class MuxScheduler:
                 except ray.exceptions.RayActorError as err:
                     logger.warning("pipeline %s of group %s is gone (%s); reclaiming its leases", name, self.group, err)
                     await self.leave(name, reason=f"crashed: {type(err).__name__}")
+
+    async def _watch_nodes(self) -> None:
+        """A pool node whose Ray node died takes the pipelines living on it out of the group (their workers are
+        gone), naming the node; its slots are never handed out again."""
+        if not self.node_ids:
+            return
+        alive = {n["NodeID"] for n in await asyncio.to_thread(ray.nodes) if n["Alive"]}
+        for k, node_id in enumerate(self.node_ids):
+            if k in self.lost_nodes or node_id in alive:
+                continue
+            self.lost_nodes.add(k)
+            gone = [
+                name
+                for name, ps in self.executor.pipes.items()
+                if set(ps.home) & set(self.executor.topology.node_slots(k))
+            ]
+            logger.warning("group %s lost pool node %d (Ray node %s); pipelines %s leave", self.group, k, node_id, gone)
+            for name in gone:
+                self.errors[name] = f"pool node {k} (Ray node {node_id}) left the cluster"
+                await self.leave(name, reason=f"node {k} lost ({node_id})")
+            self._deliver(self.executor.lose_node(k, self._now()))
 
     def status(self) -> dict:
         ex = self.executor
@@ -260,6 +308,7 @@ class MuxScheduler:
             "left": dict(ex.left),
             "left_steps": dict(ex.left_steps),
             "free_slots": ex.free_slots(),
+            "lost_nodes": sorted(self.lost_nodes),
             "errors": dict(self.errors),
             "policy_errors": list(ex.policy_errors[-5:]),
         }
@@ -281,6 +330,21 @@ def _lease(s) -> dict:
     return {**asdict(s), "sm_share": s.sm_share, "forced": s.forced}
 
 
+def pool_nodes(bundle: dict[str, float], topology: PoolTopology, group: str) -> list[str]:
+    """The Ray nodes the pool's nodes go on, in pool order: alive nodes with room for a node's bundles, the
+    caller's (the launcher's) last; ``RuntimeError`` naming the shape when the cluster has too few."""
+    need = {k: v * topology.slots_per_node for k, v in bundle.items()}
+    here = ray.get_runtime_context().get_node_id()
+    fits = [n for n in ray.nodes() if n["Alive"] and all(n["Resources"].get(k, 0.0) >= v for k, v in need.items())]
+    fits.sort(key=lambda n: (n["NodeID"] == here, n.get("NodeName", ""), n["NodeID"]))
+    if len(fits) < topology.nodes:
+        raise RuntimeError(
+            f"group {group!r}: a pool of {topology.describe()} needs {topology.nodes} Ray node(s) with {need} each; "
+            f"the cluster has {len(fits)} (start one with `ray start` on each node and set RAY_ADDRESS)"
+        )
+    return [n["NodeID"] for n in fits[: topology.nodes]]
+
+
 class Presence:
     """A pipeline's token of life: an idle actor its trainer creates, so it dies with the trainer (Ray kills the
     actors a dead worker owns). The scheduler pings it; the trainer itself is too busy running ``fit`` to answer."""
@@ -295,9 +359,11 @@ def get_scheduler(
     gpu: GPUSpec | None = None,
     policy: str | None = None,
     max_pipelines: int | None = None,
+    nodes: int = 1,
 ):
-    """The group's scheduler actor: found by name, or created (detached) when ``num_slots`` and ``gpu`` are
-    given. Ray must be initialised."""
+    """The group's scheduler actor: found by name, or created (detached, on the caller's node, which it then
+    outlives no other node's loss for) when ``num_slots`` and ``gpu`` are given; ``nodes``: the nodes its pool
+    spans. Ray must be initialised."""
     name = actor_name(group)
     try:
         return ray.get_actor(name, namespace=NAMESPACE)
@@ -306,6 +372,13 @@ def get_scheduler(
             raise LookupError(f"no multiplexing group {group!r} is running (actor {name} in {NAMESPACE})") from None
     return (
         ray.remote(MuxScheduler)
-        .options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0)
-        .remote(group, num_slots, gpu, policy, max_pipelines)
+        .options(
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
+        )
+        .remote(group, num_slots, gpu, policy, max_pipelines, nodes=nodes)
     )

@@ -26,6 +26,7 @@ from jigsaw_verl.model.spec import PipelineSpec
 from jigsaw_verl.policy.interface import ExecutionMode, Migrate, WidenTail
 from jigsaw_verl.pool.progress import PipelineProgress
 from jigsaw_verl.pool.timeline import MigrationRecord, Slice
+from jigsaw_verl.pool.topology import replica_groups
 from jigsaw_verl.sim.device_memory import OutOfDeviceMemory
 from jigsaw_verl.sim.tasks import EPS, Engine, Task
 
@@ -73,14 +74,16 @@ class ReplicaRunner:
             raise SimulationError(
                 f"{self.policy.name}: {spec.name} rollout {step} joins live replicas in a mode without overlap"
             )
-        if len(fresh) % tp:
-            raise SimulationError(f"{self.policy.name}: rollout of {spec.name} needs GPUs in groups of {tp}")
+        try:  # the pool's rule: a replica's TP group on one node (jigsaw_verl.pool.topology)
+            groups = replica_groups(fresh, tp, self.holds.topology)
+        except ValueError as err:
+            raise SimulationError(f"{self.policy.name}: rollout of {spec.name}: {err}") from None
         engines = list(joined)
         if share < 1.0:  # joining a gang: idle state of others makes room for the KV cache first
             self.memory.evict_idle_of_others(fresh, spec.name)
         longest = max(r.prompt_len + r.response_len for r in step_requests(ps.samples[step]))
-        for i in range(0, len(fresh), tp):
-            engines.append(self._new_replica(ps, step, tuple(fresh[i : i + tp]), share, longest))
+        for group in groups:
+            engines.append(self._new_replica(ps, step, group, share, longest))
         reqs = step_requests(ps.samples[step])
         ps.remaining[step] = len(reqs)
         ps.finish_offsets[step] = []

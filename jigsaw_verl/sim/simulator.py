@@ -85,7 +85,7 @@ class Simulator(ReplicaRunner):
         self.now = 0.0
         self._seq = 0
         self._heap: list = []
-        self.holds = SlotHolds(self.n)
+        self.holds = SlotHolds(self.n, self.w.cluster.gpus_per_node)
         self.memory = DeviceMemory(self.holds, workload.cluster.gpu, self.cost)
         self.engines: list[Engine] = []
         self.slices: list = []

@@ -1,10 +1,10 @@
 """A holder's side of the CPU backend's device-memory ledger: which ranks' slots its bytes are on, and the calls.
 
 A process placed in the group's pool (a verl worker) finds its pool in Ray's runtime context (the placement group it
-runs in) and its rank in verl's ``RANK``; the ledger knows on which slot each rank of the pipeline lives. A rollout
-server is not placed in the pool (it takes no Ray resources); its replica asks its workers and hands the result to
-the server. Outside a pool with a ledger (a run alone, or on GPUs) there is nothing to charge:
-:func:`slot_memory_of_this_worker` returns ``None``.
+runs in, whose name carries the group's) and its rank in verl's ``RANK``; the ledger knows on which slot each rank
+of the pipeline lives. A rollout server is not placed in the pool (it takes no Ray resources); its replica asks its
+workers and hands the result to the server. Outside a pool with a ledger (a run alone, or on GPUs) there is nothing
+to charge: :func:`slot_memory_of_this_worker` returns ``None``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import ray
 
 from jigsaw_verl.pool.ledger import DeviceOutOfMemory
-from jigsaw_verl.runtime.ledger_actor import find_ledger
+from jigsaw_verl.runtime.ledger_actor import find_ledger, group_of_placement_group
 
 
 @dataclass(frozen=True)
@@ -23,20 +23,20 @@ class SlotMemory:
     """Where a holder's device memory is charged.
 
     Attributes:
-        placement_group: the pool's placement group id (hex), which names its ledger.
+        group: the group whose pool holds the slots, which names its ledger.
         ranks: the worker ranks on whose slots the holder's bytes are, each charged in full (a tensor-parallel
             replica reserves on each of its GPUs).
         job_id: the holder's Ray job, which the ledger knows as its pipeline.
     """
 
-    placement_group: str
+    group: str
     ranks: tuple[int, ...]
     job_id: str
 
     def _ledger(self):
-        ledger = find_ledger(self.placement_group)
+        ledger = find_ledger(self.group)
         if ledger is None:
-            raise RuntimeError(f"the device-memory ledger of pool {self.placement_group} is gone")
+            raise RuntimeError(f"the device-memory ledger of group {self.group!r} is gone")
         return ledger
 
     def capacity(self) -> float:
@@ -91,10 +91,10 @@ def slot_memory_of_this_worker() -> SlotMemory | None:
     """The calling worker's place in its pool's ledger (its verl ``RANK``), or ``None`` when it runs in no pool
     with a ledger."""
     context = ray.get_runtime_context()
-    pg = context.get_placement_group_id()
-    if not pg or find_ledger(pg) is None:
+    group = group_of_placement_group(context.get_placement_group_id())
+    if group is None or find_ledger(group) is None:
         return None
-    return SlotMemory(pg, (int(os.environ.get("RANK", "0")),), context.get_job_id())
+    return SlotMemory(group, (int(os.environ.get("RANK", "0")),), context.get_job_id())
 
 
 def one_holder(found: list[SlotMemory | None]) -> SlotMemory | None:
@@ -102,4 +102,4 @@ def one_holder(found: list[SlotMemory | None]) -> SlotMemory | None:
     outside a pool with a ledger."""
     if not found or any(f is None for f in found):
         return None
-    return SlotMemory(found[0].placement_group, tuple(r for f in found for r in f.ranks), found[0].job_id)
+    return SlotMemory(found[0].group, tuple(r for f in found for r in f.ranks), found[0].job_id)
