@@ -61,3 +61,12 @@ def ray_session():
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def alone_runs(tmp_path_factory):
+    """The tiny pipelines (:mod:`tiny_pipelines`) each run alone once per session: the reference every live
+    multiplexing test compares its pipelines' responses, rewards and losses with."""
+    from tiny_pipelines import run_alone
+
+    return run_alone(tmp_path_factory.mktemp("alone"))

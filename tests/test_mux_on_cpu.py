@@ -28,38 +28,22 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tiny_pipelines import LOSSES, PIPELINES, RECIPE, STEPS, VALIDATIONS
+from tiny_pipelines import env as _env
+from tiny_pipelines import overrides as _overrides
+from tiny_pipelines import rollouts as _rollouts
+from tiny_pipelines import steps as _steps
 from verl_style import VERL_STYLE, cpu_size_overrides
 
 from jigsaw_verl.integration.cpu.assets import build_tiny_assets
 from jigsaw_verl.pool.ledger import engines_awake_outside_leases
 
-ROOT = Path(__file__).resolve().parent.parent
-RECIPE = ROOT / "recipes" / "cpu_tiny_grpo.sh"
-STEPS = 3
-COMMON = ["trainer.logger=[console,file]"]
-# two pipelines that differ in their sampling seed; b also consolidates its rollout tails (jigsaw.migration); a
-# validates before training, b after its second and last steps (each validation runs under a lease of its own)
-PIPELINES = {
-    "a": ["actor_rollout_ref.rollout.seed=7", "trainer.val_before_train=True"],
-    "b": ["actor_rollout_ref.rollout.seed=11", "jigsaw.migration.enable=true", "trainer.test_freq=2"],
-}
-# per pipeline, the steps after which it validates (0: before training)
-VALIDATIONS = {"a": {0}, "b": {2, 3}}
 MIGRATION_METRICS = (
     "jigsaw/migrations",
     "jigsaw/migrated_requests",
     "jigsaw/reprefill_tokens",
     "jigsaw/freed_replica_s",
 )
-LOSSES = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
-
-
-def _env(**extra) -> dict:
-    return dict(os.environ, PY=sys.executable, **extra)
-
-
-def _overrides(name: str, out: Path) -> list[str]:
-    return [*COMMON, *PIPELINES[name], f"trainer.rollout_data_dir={out / name / 'rollouts'}"]
 
 
 def _mux_recipes(out: Path) -> list[str]:
@@ -80,22 +64,12 @@ MUX_NAMES = ("p0-cpu_tiny_grpo", "p1-verl_style_grpo")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Each pipeline alone (one after the other: on two cores two at once run slower than back to back), then both
-    multiplexed. (The wall-time comparison of the two is a benchmark's job, not this test's.)"""
+def runs(tmp_path_factory, alone_runs):
+    """Each pipeline alone (the session's ``alone_runs``), then both multiplexed. (The wall-time comparison of the
+    two is a benchmark's job, not this test's.)"""
     out = tmp_path_factory.mktemp("mux")
     walls = {}
-    metrics = {}
-    for name in PIPELINES:
-        log = out / f"alone-{name}.log"
-        args = ["bash", str(RECIPE), f"trainer.total_training_steps={STEPS}", *_overrides(name, out / "alone")]
-        env = _env(OUT=str(out / "alone" / name), VERL_FILE_LOGGER_PATH=str(out / f"alone-{name}.jsonl"))
-        with log.open("w") as fh:
-            rc = subprocess.run(
-                [*args, "trainer.v1.trainer_mode=jigsaw"], env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=900
-            ).returncode
-        assert rc == 0, log.read_text()[-3000:]
-        metrics[("alone", name)] = out / f"alone-{name}.jsonl"
+    metrics = {("alone", name): path for name, path in alone_runs["metrics"].items()}
     started = time.perf_counter()
     mux_log = out / "mux.log"
     with mux_log.open("w") as fh:
@@ -113,7 +87,14 @@ def runs(tmp_path_factory):
     for name, pipeline in zip(PIPELINES, MUX_NAMES, strict=True):
         metrics[("mux", name)] = out / "mux" / f"{pipeline}.metrics.jsonl"
     print(f"\nmultiplexed run (launcher, pre-Ray checks, both pipelines): {walls['mux']:.0f} s")
-    return {"out": out, "walls": walls, "metrics": metrics, "mux_log": mux_log.read_text(), "logs": logs}
+    return {
+        "out": out,
+        "alone": alone_runs,
+        "walls": walls,
+        "metrics": metrics,
+        "mux_log": mux_log.read_text(),
+        "logs": logs,
+    }
 
 
 def test_the_verl_style_script_ran_verls_entry_point_through_the_plugin_with_verls_step_rule(runs):
@@ -123,22 +104,9 @@ def test_the_verl_style_script_ran_verls_entry_point_through_the_plugin_with_ver
     assert "p1-verl_style_grpo: model, 8 prompts x 4, 3 steps" in runs["mux_log"]
 
 
-def _steps(path: Path) -> dict[int, dict]:
-    return {row["step"]: row["data"] for row in map(json.loads, path.read_text().splitlines())}
-
-
-def _rollouts(folder: Path) -> dict[int, list[tuple]]:
-    """Per step, every sample's prompt, response text and reward, sorted (uids are random per run)."""
-    out = {}
-    for f in sorted(folder.glob("*.jsonl")):
-        rows = [json.loads(line) for line in f.read_text().splitlines()]
-        out[int(f.stem)] = sorted((r["input"], r["output"], r["score"]) for r in rows)
-    return out
-
-
 @pytest.mark.parametrize("name", list(PIPELINES))
 def test_multiplexed_pipeline_computes_what_it_computes_alone(runs, name):
-    alone = _rollouts(runs["out"] / "alone" / name / "rollouts")
+    alone = _rollouts(runs["alone"]["rollouts"][name])
     mux = _rollouts(runs["out"] / "mux" / name / "rollouts")
     assert sorted(alone) == sorted(mux) == list(range(1, STEPS + 1))
     for step in alone:

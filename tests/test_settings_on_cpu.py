@@ -118,6 +118,7 @@ def test_overrides_and_interpolations():
         ({"mux": {"group": 3}}, "jigsaw.mux.group must be a name (a string) or null, got 3"),
         ({"mux": {"slots": 0}}, "jigsaw.mux.slots must be a positive number of pool slots or null, got 0"),
         ({"mux": {"pool_slots": "two"}}, "jigsaw.mux.pool_slots must be a positive number of pool slots or null"),
+        ({"mux": {"pool_nodes": 0}}, "jigsaw.mux.pool_nodes must be a positive number of nodes or null, got 0"),
         ({"mux": {"policy": None}}, "jigsaw.mux.policy must be a policy name (a string, e.g. jigsaw), got None"),
         ({"mux": {"max_pipelines": "x"}}, "jigsaw.mux.max_pipelines must be an integer >= 1 (pipelines), got 'x'"),
         ({"mux": {"max_pipelines": 0}}, "jigsaw.mux.max_pipelines=0: a group holds at least 1 pipeline"),
@@ -164,9 +165,11 @@ def test_migration_runs_on_either_backend_in_trainer_mode_jigsaw():
         check_jigsaw_config(config)
 
 
-def test_a_vllm_pipeline_in_a_group_turns_on_vllms_stat_logging():
-    """verl turns vLLM's stat logging off by default; the queue gauges the group's scheduler reads need it on."""
-    from jigsaw_verl.integration.main_ppo import prepare
+def test_a_vllm_pipeline_in_a_group_turns_on_vllms_stat_logging_and_keeps_its_agent_loop_workers_nearby():
+    """verl turns vLLM's stat logging off by default; the queue gauges the group's scheduler reads need it on. A
+    pipeline of a group gets the agent-loop manager that keeps its workers on its trainer's node, unless it names
+    its own."""
+    from jigsaw_verl.integration.main_ppo import NODE_LOCAL_MANAGER, prepare
 
     saved = dict(os.environ)  # prepare() gives this process the run's environment variables too
     try:
@@ -176,11 +179,17 @@ def test_a_vllm_pipeline_in_a_group_turns_on_vllms_stat_logging():
         alone = _run_config()
         alone.actor_rollout_ref.rollout.disable_log_stats = True
         prepare(alone)
+        own = _run_config(enable=True, mux={"group": "g", "pool_slots": 2})
+        OmegaConf.update(own, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", "my.Manager", force_add=True)
+        prepare(own)
     finally:
         os.environ.clear()
         os.environ.update(saved)
     assert grouped.actor_rollout_ref.rollout.disable_log_stats is False
     assert alone.actor_rollout_ref.rollout.disable_log_stats is True  # outside a group verl's setting stands
+    assert grouped.actor_rollout_ref.rollout.agent.agent_loop_manager_class == NODE_LOCAL_MANAGER
+    assert alone.actor_rollout_ref.rollout.get("agent", {}).get("agent_loop_manager_class") is None
+    assert own.actor_rollout_ref.rollout.agent.agent_loop_manager_class == "my.Manager"
 
 
 def test_asynchronous_policies_are_refused_before_ray():

@@ -88,6 +88,23 @@ def test_the_live_executor_places_by_node_and_a_lost_node_ends_only_the_pipeline
         ex.join(replace(_spec("e"), rollout_tp=2), 2, 2.0)
 
 
+def test_pipelines_live_where_the_launcher_placed_them_whatever_order_they_join_in():
+    """The launcher places the group in its order (the group check's placement) and reserves those homes: the
+    pipelines joining in another order get them; a planned home that no longer fits is picked anew."""
+    topology = PoolTopology.of_nodes(3, 1)
+    planned = dict(zip("abc", place_homes([(2, 1), (2, 1), (1, 1)], topology), strict=True))
+    ex = LiveExecutor(3, CPU_SLOT, live_policy_factory("jigsaw"), policy_name="jigsaw", topology=topology)
+    ex.plan_homes(planned)
+    for name, slots in (("c", 1), ("b", 2), ("a", 2)):
+        ex.join(_spec(name), slots, 0.0)
+    assert {name: ex.home(name) for name in "abc"} == planned == {"a": (0, 1), "b": (1, 2), "c": (0,)}
+    ex.leave("b", 1.0)
+    ex.lose_node(0, 1.0)
+    ex.plan_homes({"d": (0, 1)})  # on the lost node now
+    ex.join(_spec("d"), 1, 2.0)
+    assert ex.home("d") == (1,)
+
+
 class _Placed(Exception):
     """Stops the simulation once every rollout has started."""
 

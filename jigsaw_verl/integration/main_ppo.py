@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from jigsaw_verl.integration.mux_checks import check_mux_policy, check_mux_run
 from jigsaw_verl.integration.pipeline_spec import mux_pipeline_name
@@ -127,6 +127,11 @@ def set_ray_env(config: DictConfig, name: str, value: str) -> None:
     OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{name}", value, force_add=True)
 
 
+# verl's agent-loop manager with the workers on the trainer's node (integration/trainer/agent_loop_placement.py; named,
+# not imported: it imports verl, which prepare() must run before)
+NODE_LOCAL_MANAGER = "jigsaw_verl.integration.trainer.agent_loop_placement.NodeLocalAgentLoopManager"
+
+
 def prepare(config: DictConfig) -> JigsawSettings:
     """All checks and adjustments that must happen before verl is imported.
 
@@ -141,6 +146,12 @@ def prepare(config: DictConfig) -> JigsawSettings:
         # (patches/transfer_queue_namespace.py)
         namespace = f"transfer_queue.{settings.mux.group}.{mux_pipeline_name(settings.mux, config)}"
         set_ray_env(config, "JIGSAW_VERL_TQ_NAMESPACE", namespace)
+        agent = config.actor_rollout_ref.rollout.get("agent", {})
+        if not agent.get("agent_loop_manager_class"):
+            # its agent-loop workers beside its trainer, not on nodes other pipelines live on
+            OmegaConf.update(
+                config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", NODE_LOCAL_MANAGER, force_add=True
+            )
         if config.actor_rollout_ref.rollout.get("name") == "vllm":
             from omegaconf import open_dict
 

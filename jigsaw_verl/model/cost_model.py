@@ -213,6 +213,10 @@ class CostModel:
         byte_t = WEIGHT_BYTES_PER_PARAM * model.params / (gpus * self.gpu.hbm_bytes_per_s * self.eff.hbm_efficiency)
         return max(flop_t, byte_t)
 
+    def across_nodes(self) -> CostModel:
+        """This cost model for a group of GPUs that spans nodes: every collective runs at the NIC's speed."""
+        return CostModel(self.gpu, gpus_per_node=1, eff=self.eff)
+
     def link_bytes_per_s(self, gpus: int) -> float:
         """Per-GPU bandwidth of a collective over ``gpus`` GPUs (NVLink inside a node, the NIC across)."""
         bw = self.gpu.nvlink_bytes_per_s if gpus <= self.gpus_per_node else self.gpu.nic_bytes_per_s

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jigsaw_verl.model.engine_memory import EngineReservation, slot_memory_refusal
-from jigsaw_verl.pool.topology import PoolTopology, pick_home
+from jigsaw_verl.pool.topology import PoolTopology, place_homes
 
 
 def sharing_refusal(placed: dict[tuple[int, ...], list[EngineReservation]], memory_bytes: float) -> str | None:
@@ -28,17 +28,24 @@ def sharing_refusal(placed: dict[tuple[int, ...], list[EngineReservation]], memo
     return None
 
 
+def group_homes(
+    reservations: list[EngineReservation], tps: Sequence[int], topology: PoolTopology
+) -> list[tuple[int, ...] | None]:
+    """The homes of ``reservations`` (rollout TPs ``tps``) joining in order, by the pool rule; ``None`` for one
+    that cannot be placed."""
+    return place_homes(
+        [(min(r.slots, topology.num_slots), tp) for r, tp in zip(reservations, tps, strict=True)], topology
+    )
+
+
 def group_memory_refusal(
     reservations: list[EngineReservation], tps: Sequence[int], topology: PoolTopology, memory_bytes: float
 ) -> str | None:
-    """Place ``reservations`` (rollout TPs ``tps``) in order with :func:`~jigsaw_verl.pool.topology.pick_home` and
-    return the first placement or slot memory refusal, if any."""
+    """Place ``reservations`` (rollout TPs ``tps``) in order (:func:`group_homes`) and return the first placement
+    or slot memory refusal, if any."""
     placed: dict[tuple[int, ...], list[EngineReservation]] = {}
-    homes: list[tuple[int, ...]] = []
-    for r, tp in zip(reservations, tps, strict=True):
-        home = pick_home(homes, min(r.slots, topology.num_slots), tp, topology)
+    for r, tp, home in zip(reservations, tps, group_homes(reservations, tps, topology), strict=True):
         if home is None:
             return f"pipeline {r.pipeline!r}: no home of {r.slots} slots at rollout TP {tp} on {topology.describe()}"
-        homes.append(home)
         placed.setdefault(home, []).append(r)
     return sharing_refusal(placed, memory_bytes)

@@ -56,7 +56,7 @@ from jigsaw_verl.pool.homes import sharing_refusal
 from jigsaw_verl.pool.progress import PipelineProgress
 from jigsaw_verl.pool.snapshot import ExecutorView, build_snapshot
 from jigsaw_verl.pool.timeline import Slice
-from jigsaw_verl.pool.topology import PoolTopology, pick_home, placement_refusal
+from jigsaw_verl.pool.topology import PoolTopology, home_runs, pick_home, placement_refusal
 from jigsaw_verl.runtime.leases import (
     EngineMemoryRefused,
     Grant,
@@ -117,6 +117,7 @@ class LiveExecutor:
         self.policy_factory, self.policy_name = policy_factory, policy_name
         self.pipes: dict[str, LivePipe] = {}
         self.holds = SlotHolds(num_slots, self.topology.slots_per_node)
+        self.planned_homes: dict[str, tuple[int, ...]] = {}
         self.history: list = []
         self.slices: list[Slice] = []
         self.left: dict[str, str] = {}
@@ -183,11 +184,19 @@ class LiveExecutor:
         """The pool's home rule (:func:`~jigsaw_verl.pool.topology.pick_home`): a run of ``slots`` slots whose
         rollout replicas stay on one node, the fewest joined pipelines live on, on no lost node."""
         tp = spec.rollout_tp
+        planned = self.planned_homes.get(spec.name)
+        if planned is not None and planned in home_runs(slots, tp, self.topology, self.holds.lost):
+            return planned
         home = pick_home([ps.home for ps in self.pipes.values()], slots, tp, self.topology, self.holds.lost)
         if home is None:
             why = placement_refusal(slots, tp, self.topology) or f"slots {sorted(self.holds.lost)} are on lost nodes"
             raise PoolTooSmall(f"pipeline {spec.name!r} (rollout TP {tp}) has no home of {slots} slots: {why}")
         return home
+
+    def plan_homes(self, homes: dict[str, tuple[int, ...]]) -> None:
+        """Where the named pipelines live when they join (placed beforehand by the pool rule, in the order the
+        launcher checked them), whatever order they join in; a home that no longer fits is picked anew."""
+        self.planned_homes.update({name: tuple(home) for name, home in homes.items()})
 
     def lose_node(self, node: int, now: float) -> list[Grant]:
         """Node ``node`` left the pool (its Ray node died): every pipeline living on it leaves (its workers are

@@ -41,6 +41,7 @@ from jigsaw_verl.runtime.recipe_entry import (
     check_recipes,
     group_memory_problem,
     group_overrides,
+    group_plan_homes,
     recipe_env,
     stop_sessions,
     write_shims,
@@ -118,8 +119,9 @@ def launch(
     started = time.perf_counter()
     with _stop_on_signals() as stop:
         # the slot memory the group plans with (its first pipeline's: the one that would create the group)
-        memory = _check_group(plan, progress) or slot.memory_bytes
-        plan = dataclasses.replace(plan, slot=dataclasses.replace(slot, memory_bytes=memory))
+        memory, homes = _check_group(plan, progress)
+        slot = dataclasses.replace(slot, memory_bytes=memory or slot.memory_bytes)
+        plan = dataclasses.replace(plan, slot=slot, homes=homes)
         runs, artefacts, interrupted = _run_group(plan, progress, stop)
     wall = time.perf_counter() - started
     rcs = {r.name: r.rc for r in runs}
@@ -160,11 +162,13 @@ class _GroupPlan:
     policy: str
     device: str
     out_dir: Path
+    # each pipeline's home, placed by the pool rule in the launcher's order (the group check's placement)
+    homes: dict = dataclasses.field(default_factory=dict)
 
 
-def _check_group(plan: _GroupPlan, progress) -> float:
+def _check_group(plan: _GroupPlan, progress) -> tuple[float, dict[str, tuple[int, ...]]]:
     """Every recipe through the entry point's check mode (all at once, no Ray); refuse the group on a problem.
-    Returns the slot memory the group plans with, bytes."""
+    Returns the slot memory the group plans with, bytes, and each pipeline's home in the pool."""
     progress(f"mux: checking {len(plan.recipes)} recipes (every pre-Ray check of the entry point, no Ray yet)")
     checks = check_recipes(plan.recipes, plan.appended)
     problems = [f"{n} ({c.recipe}): {line}" for n, c in zip(plan.names, checks, strict=True) for line in c.problems]
@@ -179,7 +183,7 @@ def _check_group(plan: _GroupPlan, progress) -> float:
             f"mux: {name}: {spec['model']['name']}, {spec['batch_prompts']} prompts x {spec['group_size']}, "
             f"{spec['steps']} steps ({c.steps_how})"
         )
-    return checks[0].slot_memory_bytes
+    return checks[0].slot_memory_bytes, group_plan_homes(checks, plan.topology)
 
 
 def _run_group(plan: _GroupPlan, progress, stop: threading.Event) -> tuple[list[_Run], tuple | None, bool]:
@@ -198,6 +202,13 @@ def _run_group(plan: _GroupPlan, progress, stop: threading.Event) -> tuple[list[
         scheduler = get_scheduler(
             plan.group, plan.topology.num_slots, plan.slot, plan.policy, len(plan.recipes), plan.topology.nodes
         )
+        # the pool first: its placement groups take their nodes before any pipeline's other actors can
+        try:
+            ray.get(scheduler.reserve.remote(DEVICE_RESOURCES[plan.device], plan.homes))
+        except ray.exceptions.RayTaskError as err:  # too few nodes, or no room on them: one line, nothing started
+            raise ValueError(
+                f"--pool-slots {plan.topology.num_slots} --pool-nodes {plan.topology.nodes}: {err.cause}"
+            ) from None
         shims = write_shims(plan.out_dir / "bin")
         for name, recipe, extra in zip(plan.names, plan.recipes, plan.appended, strict=True):
             runs.append(_start_pipeline(name, recipe, extra, shims, address, plan.out_dir, progress))
@@ -251,6 +262,10 @@ def _parse_recipes(recipes: list[str]) -> list[list[str]]:
     return parsed
 
 
+# the Ray resource of a pool slot per --device (verl's device name -> its Ray resource name)
+DEVICE_RESOURCES = {"cpu": "CPU", "cuda": "GPU"}
+
+
 def _start_ray(device: str, pipelines: int) -> None:
     import ray
 
@@ -292,6 +307,7 @@ def _watch(runs: list[_Run], scheduler, progress, stop: threading.Event) -> None
     import ray
 
     shown: dict[str, str] = {}
+    told: set[str] = set()  # pipelines whose lost node was reported
     while any(r.rc is None for r in runs):
         if stop.is_set():
             raise KeyboardInterrupt
@@ -303,6 +319,14 @@ def _watch(runs: list[_Run], scheduler, progress, stop: threading.Event) -> None
         for r in runs:
             if r.rc is None:
                 r.rc = r.proc.poll()
+            lost = status["errors"].get(r.name, "")
+            if lost.endswith("left the cluster") and r.name not in told:
+                told.add(r.name)
+                # its workers on the lost node are gone; the rest of it may wait on them in a collective forever
+                progress(f"mux: {r.name}: {lost}" + ("; stopping it" if r.rc is None else ""))
+                if r.rc is None:
+                    stop_sessions([r.proc])
+                    r.rc = r.proc.poll()
             info = status["pipelines"].get(r.name)
             if info is not None:
                 r.steps, r.done = info["steps"], info["steps_done"]
@@ -319,7 +343,8 @@ def _state(run: _Run, info: dict | None, status: dict) -> str:
     if run.rc is not None:
         return f"exit {run.rc}"
     if run.name in status["errors"]:
-        return f"refused: {status['errors'][run.name]}"
+        error = status["errors"][run.name]
+        return error if error.endswith("left the cluster") else f"refused: {error}"
     if info is None:
         return "left the group" if run.name in status["left"] else "starting"
     if info["running"]:

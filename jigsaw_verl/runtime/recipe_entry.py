@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jigsaw_verl.model.engine_memory import EngineReservation
-from jigsaw_verl.pool.homes import group_memory_refusal
+from jigsaw_verl.pool.homes import group_homes, group_memory_refusal
 from jigsaw_verl.pool.topology import PoolTopology
 
 # the entry point's check mode: a path it writes its verdict to (and then exits, before Ray)
@@ -124,6 +124,15 @@ def group_memory_problem(checks: list[RecipeCheck], topology: PoolTopology) -> s
     reservations = [EngineReservation(**c.engine) for c in checks]
     tps = [int(c.spec["rollout_tp"]) for c in checks]
     return group_memory_refusal(reservations, tps, topology, checks[0].slot_memory_bytes)
+
+
+def group_plan_homes(checks: list[RecipeCheck], topology: PoolTopology) -> dict[str, tuple[int, ...]]:
+    """Each checked recipe's home (by its pipeline name), placed in order by the pool rule: what the launcher
+    reserves with the group's scheduler, so the pipelines live where the group check placed them whatever order
+    they join in."""
+    reservations = [EngineReservation(**c.engine) for c in checks]
+    homes = group_homes(reservations, [int(c.spec["rollout_tp"]) for c in checks], topology)
+    return {r.pipeline: home for r, home in zip(reservations, homes, strict=True) if home is not None}
 
 
 def check_recipes(recipes: list[list[str]], appended: list[list[str]], *, progress=None) -> list[RecipeCheck]:

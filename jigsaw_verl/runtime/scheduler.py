@@ -1,14 +1,16 @@
 """The live scheduler: one named, detached Ray actor per ``jigsaw.mux.group`` that owns the group's pool.
 
-The actor owns the pool's placement group (one bundle per slot, made at the first :meth:`MuxScheduler.pool` call):
-every joined pipeline places its worker groups in it (:mod:`.shared_pool`) and reports where they went
-(:meth:`MuxScheduler.placed`). Pipelines find it by name (:func:`get_scheduler`), join with their planning spec and
-slot need, then ask for
-every stage before running it (``acquire``, which returns when the policy grants it) and report its end
-(``release``). The actor runs a :class:`~jigsaw_verl.runtime.executor.LiveExecutor` (the core policy, the same object
-the simulator runs). A pipeline that dies is noticed by a watchdog that pings the actor it joined with; its
-leases are reclaimed and the others go on. ``trace()`` returns every lease held, for the combined Perfetto trace
-and utilisation plot the launcher writes.
+The actor owns the pool: one placement group per node of the pool (one bundle per slot, on a Ray node of its own,
+made by :meth:`MuxScheduler.reserve`, which the launcher calls before it starts any pipeline, or at the first
+:meth:`MuxScheduler.pool` call): every joined pipeline places its worker groups in it (:mod:`.shared_pool`) and
+reports where they went (:meth:`MuxScheduler.placed`). The watchdog also watches the pool's Ray nodes: a node that
+dies takes the pipelines living on it out of the group (``LiveExecutor.lose_node``). Pipelines find it by name
+(:func:`get_scheduler`), join with their planning spec and slot need, then ask for every stage before running it
+(``acquire``, which returns when the policy grants it) and report its end (``release``). The actor runs a
+:class:`~jigsaw_verl.runtime.executor.LiveExecutor` (the core policy, the same object the simulator runs). A
+pipeline that dies is noticed by a watchdog that pings the actor it joined with; its leases are reclaimed and the
+others go on. ``trace()`` returns every lease held, for the combined Perfetto trace and utilisation plot the
+launcher writes.
 """
 
 from __future__ import annotations
@@ -142,14 +144,22 @@ class MuxScheduler:
         """The pool's placement groups, made at the first call: one per node, one bundle per slot, shaped as verl
         shapes its own, with room in each for one worker of every pipeline the group may hold; and where in it the
         (joined) ``pipeline`` places its workers (its home slots)."""
-        async with self._pool_made:  # a call that comes while the first awaits the placement waits for it
-            if self._pool is None:
-                await self._make_pool(device_resource)
+        await self.reserve(device_resource)
         if self._pool[0] != device_resource:
             raise ValueError(
                 f"group {self.group!r} pools {self._pool[0]} slots; a pipeline on {device_resource} cannot join it"
             )
         return replace(self._pool[1], first_slot=self.executor.home(pipeline)[0])
+
+    async def reserve(self, device_resource: str, homes: dict[str, tuple[int, ...]] | None = None) -> None:
+        """Make the pool now if it is not made yet (the launcher does, before it starts any pipeline, so the
+        pool's placement groups take their nodes before the pipelines' other actors are placed); ``homes``: where
+        the named pipelines will live when they join (the launcher's group check placed them, in its order)."""
+        if homes:
+            self.executor.plan_homes(homes)
+        async with self._pool_made:  # a call that comes while the first awaits the placement waits for it
+            if self._pool is None:
+                await self._make_pool(device_resource)
 
     async def _make_pool(self, device_resource: str) -> None:
         from ray.util.placement_group import placement_group
@@ -271,7 +281,8 @@ class MuxScheduler:
 
     async def _watch_nodes(self) -> None:
         """A pool node whose Ray node died takes the pipelines living on it out of the group (their workers are
-        gone), naming the node; its slots are never handed out again."""
+        gone), and each pipeline that lived on it, in the group or gone already, gets an error naming the node;
+        its slots are never handed out again."""
         if not self.node_ids:
             return
         alive = {n["NodeID"] for n in await asyncio.to_thread(ray.nodes) if n["Alive"]}
@@ -279,15 +290,13 @@ class MuxScheduler:
             if k in self.lost_nodes or node_id in alive:
                 continue
             self.lost_nodes.add(k)
-            gone = [
-                name
-                for name, ps in self.executor.pipes.items()
-                if set(ps.home) & set(self.executor.topology.node_slots(k))
-            ]
-            logger.warning("group %s lost pool node %d (Ray node %s); pipelines %s leave", self.group, k, node_id, gone)
-            for name in gone:
+            slots = set(self.executor.topology.node_slots(k))
+            living = sorted(name for name, home in self._homes.items() if slots & set(home))
+            logger.warning("group %s lost pool node %d (Ray node %s); pipelines %s", self.group, k, node_id, living)
+            for name in living:
                 self.errors[name] = f"pool node {k} (Ray node {node_id}) left the cluster"
-                await self.leave(name, reason=f"node {k} lost ({node_id})")
+                if name in self.executor.pipes:
+                    await self.leave(name, reason=f"node {k} lost ({node_id})")
             self._deliver(self.executor.lose_node(k, self._now()))
 
     def status(self) -> dict:

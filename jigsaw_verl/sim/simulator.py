@@ -77,6 +77,7 @@ class Simulator(ReplicaRunner):
         self.w = workload
         self.policy = policy
         self.cost = cost or CostModel.for_cluster(workload.cluster)
+        self.cost_across_nodes = self.cost.across_nodes()  # for gangs that span nodes
         self.n = workload.cluster.num_gpus
         self.pipes = {
             p.name: SimPipe.of(p, i, policy.mode(p.name), sample_steps(p, workload.seed))
@@ -312,19 +313,21 @@ class Simulator(ReplicaRunner):
             self._next_node(gang)
 
     def _gang_nodes(self, ps: SimPipe, step: int, stage: str, gpus: tuple[int, ...], streaming: bool) -> list:
+        """The sub-stages of a training-side stage on ``gpus``: a gang whose GPUs span nodes runs its FSDP
+        collectives (and a co-located sync's) at the NIC's rate, whatever its size."""
         spec, G = ps.spec, len(gpus)
         samples = ps.samples[step]
         seq = (samples.prompt_len + samples.response_len).astype(np.int64)
+        one_node = len(self.holds.topology.nodes_of(gpus)) == 1
+        cost = self.cost if one_node else self.cost_across_nodes
         if stage == LOGPROB:
-            return [] if streaming else logprob_nodes(spec, self.cost, step, G, seq)
+            return [] if streaming else logprob_nodes(spec, cost, step, G, seq)
         if stage == UPDATE:
-            return update_nodes(spec, self.cost, step, G, seq)
-        same_node = len({g // self.w.cluster.gpus_per_node for g in gpus}) == 1 and (
-            ps.mode.colocated or ps.last_rollout_gpus + G <= self.w.cluster.gpus_per_node
-        )
+            return update_nodes(spec, cost, step, G, seq)
+        same_node = one_node and (ps.mode.colocated or ps.last_rollout_gpus + G <= self.w.cluster.gpus_per_node)
         sync = weight_sync_node(
             spec,
-            self.cost,
+            cost,
             step,
             G,
             colocated=ps.mode.colocated,

@@ -57,14 +57,17 @@ if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":
         logger.exception("jigsaw-verl: registering the CPU backend with verl failed")
         raise
 
-if os.environ.get("JIGSAW_VERL_TQ_NAMESPACE"):  # a multiplexed run, on any platform: its own TransferQueue
+if os.environ.get("JIGSAW_VERL_TQ_NAMESPACE"):  # a multiplexed run, on any platform: its own TransferQueue, nearby
     try:
-        from jigsaw_verl.patches import transfer_queue_namespace
+        from jigsaw_verl.patches import reward_loop_node, transfer_queue_namespace, transfer_queue_storage_node
 
         if not transfer_queue_namespace.is_applied():
             transfer_queue_namespace.apply()
+        transfer_queue_storage_node.apply()  # idempotent
+        if not reward_loop_node.is_applied():
+            reward_loop_node.apply()
     except Exception:  # verl would hide this
-        logger.exception("jigsaw-verl: giving TransferQueue its own namespace failed")
+        logger.exception("jigsaw-verl: keeping the pipeline's TransferQueue and reward workers to itself failed")
         raise
 if os.environ.get("JIGSAW_VERL_TRAINER_MODES") == "1":
     try:
