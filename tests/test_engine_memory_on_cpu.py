@@ -18,8 +18,8 @@ from jigsaw_verl.model.engine_memory import EngineReservation, fitting_fraction,
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.memory import train_state_bytes
 from jigsaw_verl.model.slots import CPU_REFERENCE_PARAMS, CPU_SLOT
+from jigsaw_verl.model.topology import PoolTopology, pick_home
 from jigsaw_verl.pool.homes import group_memory_refusal
-from jigsaw_verl.pool.topology import PoolTopology, pick_home
 from jigsaw_verl.runtime.executor import EngineMemoryRefused, LiveExecutor
 from jigsaw_verl.runtime.live_policy import live_policy_factory
 

@@ -18,8 +18,15 @@ from test_live_executor_on_cpu import _spec
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.slots import CPU_SLOT
 from jigsaw_verl.model.spec import ClusterSpec, WorkloadSpec
+from jigsaw_verl.model.topology import (
+    PoolTopology,
+    home_runs,
+    pick_home,
+    place_homes,
+    placement_refusal,
+    replica_groups,
+)
 from jigsaw_verl.policy.interface import ExecutionMode, SchedulerOutput, StartStage
-from jigsaw_verl.pool.topology import PoolTopology, home_runs, pick_home, place_homes, placement_refusal, replica_groups
 from jigsaw_verl.runtime.executor import LiveExecutor, PoolTooSmall
 from jigsaw_verl.runtime.live_policy import live_policy_factory
 from jigsaw_verl.runtime.live_view import replica_slots

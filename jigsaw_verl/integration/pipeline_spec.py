@@ -18,7 +18,7 @@ from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.memory import train_state_bytes
 from jigsaw_verl.model.slots import sized_slot, slot_spec
 from jigsaw_verl.model.spec import LengthDist, PipelineSpec
-from jigsaw_verl.pool.topology import PoolTopology
+from jigsaw_verl.model.topology import PoolTopology
 
 # verl's RolloutConfig.gpu_memory_utilization default (verl/workers/config/rollout.py), for a config without the key
 VERL_ENGINE_FRACTION = 0.5

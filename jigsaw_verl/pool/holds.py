@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jigsaw_verl.model.graph import ROLLOUT
-from jigsaw_verl.pool.topology import PoolTopology
+from jigsaw_verl.model.topology import PoolTopology
 
 
 @dataclass(eq=False)

@@ -1,7 +1,7 @@
 """Where a live pipeline's workers live in the pool (its *home*), and whether the pipelines sharing a slot fit there.
 
 A verl pipeline places its workers once, rank ``r`` on slot ``home[r]``; its rollout engines live there too (verl's
-hybrid engine). The live executor picks each home at join with :func:`~jigsaw_verl.pool.topology.pick_home` (node
+hybrid engine). The live executor picks each home at join with :func:`~jigsaw_verl.model.topology.pick_home` (node
 aware); the pre-Ray group check (:func:`group_memory_refusal`) places the group's pipelines with the same rule, in
 the order the launcher starts them, and applies the slot memory rule
 (:func:`~jigsaw_verl.model.engine_memory.slot_memory_refusal`) to every slot.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jigsaw_verl.model.engine_memory import EngineReservation, slot_memory_refusal
-from jigsaw_verl.pool.topology import PoolTopology, place_homes
+from jigsaw_verl.model.topology import PoolTopology, place_homes
 
 
 def sharing_refusal(placed: dict[tuple[int, ...], list[EngineReservation]], memory_bytes: float) -> str | None:

@@ -12,7 +12,7 @@ it learns the real stage times from the snapshot's ``history``.
 What differs from the simulator, and why:
 - A verl pipeline's worker groups are placed once, when it starts: rank ``r`` in the pool's slot ``home[r]`` (its
   *home*, a contiguous run of slots the executor picks at join by the pool's rule,
-  :func:`~jigsaw_verl.pool.topology.pick_home`: spread over the pool, each rollout replica on one node). A node that
+  :func:`~jigsaw_verl.model.topology.pick_home`: spread over the pool, each rollout replica on one node). A node that
   dies (``lose_node``) takes the pipelines living on it out of the group; the others go on. Every stage of
   it runs there, so the policy decides *when* a stage runs and whether it shares its slots (``sm_share``); a grant
   is always on the pipeline's home, and waits while the home cannot take it.
@@ -50,13 +50,13 @@ from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.footprint import stage_resident_bytes
 from jigsaw_verl.model.graph import OUTSIDE_STAGES, ROLLOUT, STAGES, UPDATE, WEIGHT_SYNC
 from jigsaw_verl.model.spec import ClusterSpec, PipelineSpec, WorkloadSpec
+from jigsaw_verl.model.topology import PoolTopology, home_runs, pick_home, placement_refusal
 from jigsaw_verl.policy.interface import Migrate, Policy, ReadyStage, Snapshot, StartStage, features_of
 from jigsaw_verl.pool.holds import Hold, Refusal, Segment, SlotHolds
 from jigsaw_verl.pool.homes import sharing_refusal
 from jigsaw_verl.pool.progress import PipelineProgress
 from jigsaw_verl.pool.snapshot import ExecutorView, build_snapshot
 from jigsaw_verl.pool.timeline import Slice
-from jigsaw_verl.pool.topology import PoolTopology, home_runs, pick_home, placement_refusal
 from jigsaw_verl.runtime.leases import (
     EngineMemoryRefused,
     Grant,
@@ -181,7 +181,7 @@ class LiveExecutor:
         return self._pipe(pipeline).home
 
     def _pick_home(self, spec: PipelineSpec, slots: int) -> tuple[int, ...]:
-        """The pool's home rule (:func:`~jigsaw_verl.pool.topology.pick_home`): a run of ``slots`` slots whose
+        """The pool's home rule (:func:`~jigsaw_verl.model.topology.pick_home`): a run of ``slots`` slots whose
         rollout replicas stay on one node, the fewest joined pipelines live on, on no lost node."""
         tp = spec.rollout_tp
         planned = self.planned_homes.get(spec.name)

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import IO
 
 from jigsaw_verl.model.slots import slot_spec
+from jigsaw_verl.model.topology import PoolTopology
 from jigsaw_verl.pool.timeline import Slice, Timeline
-from jigsaw_verl.pool.topology import PoolTopology
 from jigsaw_verl.runtime.leases import PolicyRefused
 from jigsaw_verl.runtime.live_policy import live_policy_factory
 from jigsaw_verl.runtime.recipe_entry import (

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jigsaw_verl.model.engine_memory import EngineReservation
+from jigsaw_verl.model.topology import PoolTopology
 from jigsaw_verl.pool.homes import group_homes, group_memory_refusal
-from jigsaw_verl.pool.topology import PoolTopology
 
 # the entry point's check mode: a path it writes its verdict to (and then exits, before Ray)
 CHECK_ENV = "JIGSAW_VERL_CHECK"

@@ -27,7 +27,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from jigsaw_verl.model.catalogue import GPUSpec
 from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.spec import PipelineSpec
-from jigsaw_verl.pool.topology import PoolTopology
+from jigsaw_verl.model.topology import PoolTopology
 from jigsaw_verl.runtime.executor import (
     EngineMemoryRefused,
     Grant,

@@ -23,10 +23,10 @@ from jigsaw_verl.model.lengths import StepSamples
 from jigsaw_verl.model.memory import rollout_weight_bytes
 from jigsaw_verl.model.rollout_engine import ReplicaEngine
 from jigsaw_verl.model.spec import PipelineSpec
+from jigsaw_verl.model.topology import replica_groups
 from jigsaw_verl.policy.interface import ExecutionMode, Migrate, WidenTail
 from jigsaw_verl.pool.progress import PipelineProgress
 from jigsaw_verl.pool.timeline import MigrationRecord, Slice
-from jigsaw_verl.pool.topology import replica_groups
 from jigsaw_verl.sim.device_memory import OutOfDeviceMemory
 from jigsaw_verl.sim.tasks import EPS, Engine, Task
 
@@ -74,7 +74,7 @@ class ReplicaRunner:
             raise SimulationError(
                 f"{self.policy.name}: {spec.name} rollout {step} joins live replicas in a mode without overlap"
             )
-        try:  # the pool's rule: a replica's TP group on one node (jigsaw_verl.pool.topology)
+        try:  # the pool's rule: a replica's TP group on one node (jigsaw_verl.model.topology)
             groups = replica_groups(fresh, tp, self.holds.topology)
         except ValueError as err:
             raise SimulationError(f"{self.policy.name}: rollout of {spec.name}: {err}") from None

@@ -22,6 +22,7 @@ import numpy as np
 from jigsaw_verl.model.cost_model import CostModel
 from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
 from jigsaw_verl.model.spec import PipelineSpec, WorkloadSpec
+from jigsaw_verl.model.topology import topology_of, whole_replicas
 from jigsaw_verl.policy.interface import ExecutionMode, ReadyStage, SchedulerOutput, Snapshot, StartStage
 from jigsaw_verl.policy.jigsaw.knobs import JigsawKnobs
 from jigsaw_verl.policy.jigsaw.planning import PlanningModel, fair_share
@@ -255,7 +256,9 @@ class LookAheadPolicy:
             unit, need = 1, m.rm.min_train[r.pipeline]
             if r.stage == WEIGHT_SYNC:
                 cap = min(cap, need)
-        gpus = sorted(plan.free)[: max(need, min(cap, m.best_width(r.pipeline, r.stage, len(plan.free))))]
+        # a rollout takes whole replicas, each on one node; other stages the lowest free GPUs
+        free = whole_replicas(plan.free, unit, topology_of(snap)) if r.stage == ROLLOUT else sorted(plan.free)
+        gpus = free[: max(need, min(cap, m.best_width(r.pipeline, r.stage, len(plan.free))))]
         gpus = gpus[: len(gpus) // unit * unit]
         share = 1.0
         if colocate and r.stage in (ROLLOUT, LOGPROB):
@@ -282,9 +285,10 @@ class LookAheadPolicy:
         wider = speed * (len(gpus) + len(joint)) > len(gpus) * 1.25
         gain = r.stage == LOGPROB and wider and not self.modes[r.pipeline].colocated
         if joint and (len(gpus) < need or gain):
-            if r.stage == ROLLOUT:
-                joint = joint[: len(joint) // unit * unit]  # whole replicas of the rollout's TP size
-            cand = sorted(gpus + joint)
+            if r.stage == ROLLOUT:  # whole replicas of the rollout's TP size, each on one node
+                cand = gpus + whole_replicas(joint, unit, topology_of(snap))
+            else:
+                cand = sorted(gpus + joint)
             if len(cand) >= need:
                 return cand, m.tail_share if r.stage == ROLLOUT else 1.0 - m.tail_share
         return gpus, 1.0

@@ -6,7 +6,8 @@ of node ``g // slots_per_node``. That is verl's own numbering across its per-nod
 ``r % process_on_nodes[0]``: ``_init_with_subresource_pool`` in ``verl/single_controller/ray/base.py``), so a
 pipeline placed from slot ``first`` on gets exactly the slots this module says.
 
-Rules (the simulator, the live executor and the launcher's pre-Ray check all apply them through this module):
+Rules (the simulator, the policies, the live executor and the launcher's pre-Ray check all apply them through this
+module):
 
 - a rollout replica's ``tp`` slots are on one node (verl starts one server per replica node, on the node of the
   replica's first worker: ``vllm_async_server.py``; TP groups talk over NVLink);
@@ -61,6 +62,12 @@ class PoolTopology:
         return f"{self.nodes} node(s) x {self.slots_per_node} slot(s)"
 
 
+def topology_of(snap) -> PoolTopology:
+    """The pool's shape in a policy's :class:`~jigsaw_verl.policy.interface.Snapshot` (``gpus_per_node`` 0: one
+    node)."""
+    return PoolTopology(snap.num_gpus, snap.gpus_per_node or snap.num_gpus)
+
+
 def replica_groups(slots: Sequence[int], tp: int, topology: PoolTopology) -> list[tuple[int, ...]]:
     """``slots`` cut into rollout replicas of ``tp`` consecutive slots each (verl's replica ``r`` on workers
     ``r * tp`` to ``(r + 1) * tp - 1``); ``ValueError`` when they do not divide or a replica would straddle nodes."""
@@ -74,6 +81,19 @@ def replica_groups(slots: Sequence[int], tp: int, topology: PoolTopology) -> lis
                 f"pool of {topology.describe()}"
             )
     return groups
+
+
+def whole_replicas(slots, tp: int, topology: PoolTopology) -> list[int]:
+    """Of ``slots``, as many as make whole rollout replicas of ``tp`` slots on one node each, node by node and lowest
+    first, in an order whose consecutive runs of ``tp`` are those replicas (what :func:`replica_groups` carves)."""
+    by_node: dict[int, list[int]] = {}
+    for g in sorted(slots):
+        by_node.setdefault(topology.node_of(g), []).append(g)
+    out: list[int] = []
+    for node in sorted(by_node):
+        on = by_node[node]
+        out += on[: len(on) // tp * tp]
+    return out
 
 
 def placement_refusal(width: int, tp: int, topology: PoolTopology, key: str = "rollout TP") -> str | None:
