@@ -90,9 +90,10 @@ def test_multi_node_a_lost_node_ends_only_the_pipeline_living_there_and_its_leas
     leases = json.loads((run["out"] / "leases.json").read_text())
     b_end = max(x["end_s"] for x in leases if x["pipeline"] == B)
     after = [x for x in leases if x["start_s"] > b_end]
-    assert {x["pipeline"] for x in after} == {A, C}  # the group went on without b
+    # the group went on without b (a, which started first, may have finished before b lost its node; c had not)
+    assert after and {x["pipeline"] for x in after} <= {A, C}
+    assert not any(2 in x["gpus"] for x in after)  # the lost node's slot is never handed out again
     assert not any(x.get("running") for x in leases)  # no lease left open: b's were reclaimed
-    assert any(1 in x["gpus"] for x in after if x["pipeline"] == A)  # b's slot on node 1 served a again
     for slot in range(3):
         mine = [x for x in leases if slot in x["gpus"]]
         for t in sorted({x["start_s"] for x in mine}):
