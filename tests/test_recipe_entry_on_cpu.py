@@ -105,6 +105,28 @@ def test_the_launcher_refuses_a_group_it_cannot_run_before_ray(tmp_path):
     assert "mux: started" not in r.stderr and not (tmp_path / "mux" / "pool.json").exists()  # nothing ran
 
 
+def test_a_two_node_recipe_joins_a_two_node_pool_and_a_pool_the_cluster_cannot_hold_is_one_line(tmp_path):
+    """``trainer.nnodes=2`` is accepted on a pool of two nodes (and refused on one); a pool that does not cut into
+    its nodes, or one of several nodes with no cluster to join (no ``RAY_ADDRESS``), is one line and exit 2 before
+    any recipe runs."""
+    two = [str(RECIPE), "trainer.nnodes=2", "trainer.n_gpus_per_node=1"]
+    ok = _cli("check", "--pool-slots", "2", "--pool-nodes", "2", *two)
+    assert ok.returncode == 0 and "can join a multiplexing group" in ok.stdout, ok.stderr[-3000:]
+    one = _cli("check", "--pool-slots", "2", *two)
+    assert one.returncode == 2 and _errors(one) == [
+        f"jigsaw-verl: error: {RECIPE}: trainer.nnodes=2: pipeline 'tiny_grpo' spans more nodes than the pool of "
+        "group 'check' has (1 node(s) x 2 slot(s); jigsaw.mux.pool_nodes)"
+    ], one.stderr[-3000:]
+    out = str(tmp_path / "mux")
+    uneven = _cli("mux", str(RECIPE), "--out", out, "--pool-slots", "3", "--pool-nodes", "2")
+    assert uneven.returncode == 2 and _errors(uneven) == [
+        "jigsaw-verl: error: --pool-nodes 2: the pool's 3 slots must cut into that many equal nodes"
+    ], uneven.stderr[-3000:]
+    local = _cli("mux", str(RECIPE), "--out", out, "--pool-slots", "2", "--pool-nodes", "2")
+    assert local.returncode == 2 and len(_errors(local)) == 1 and "set RAY_ADDRESS" in local.stderr
+    assert "mux: checking" not in local.stderr + uneven.stderr  # refused before any recipe ran
+
+
 def test_engines_that_cannot_share_a_slot_are_refused_before_ray(tmp_path):
     """verl's examples reserve 0.6 of a device for the rollout engine: two such pipelines on the same slots are
     refused by the launcher in one line naming the key and the value that fits; one alone whose engine overfills a

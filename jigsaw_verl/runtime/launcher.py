@@ -104,6 +104,11 @@ def launch(
         raise ValueError(
             f"--pool-nodes {pool_nodes}: the pool's {pool_slots} slots must cut into that many equal nodes"
         )
+    if pool_nodes > 1 and not os.environ.get("RAY_ADDRESS"):
+        raise ValueError(
+            f"--pool-nodes {pool_nodes}: without RAY_ADDRESS the launcher starts Ray on this one machine; start Ray on "
+            "each node (`ray start --head`, then `ray start --address=...`) and set RAY_ADDRESS to the head"
+        )
     topology = PoolTopology.of_nodes(pool_nodes, pool_slots // pool_nodes)
     try:
         live_policy_factory(policy)  # unknown, or needs asynchronous execution: one line before Ray starts
