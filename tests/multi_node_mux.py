@@ -7,7 +7,7 @@ pipelines:
 
 - ``a``: the bundled recipe (seed 7) over two nodes (``trainer.nnodes=2 trainer.n_gpus_per_node=1``);
 - ``b``: the verl-style script over two nodes;
-- ``c``: the bundled recipe (seed 11) on one slot;
+- ``c``: the bundled recipe (seed 11, as ``b`` of :mod:`tiny_pipelines`) on one slot;
 
 then, once ``b`` has trained a step, kills the raylet of the pool node that only ``b`` lives on (the pool rule
 places ``a`` on nodes 0-1, ``b`` on 1-2, ``c`` on 0), waits for the launcher and writes ``OUT/multi_node.json``:

@@ -73,8 +73,12 @@ def test_multi_node_pipelines_away_from_the_lost_node_finish_and_compute_what_th
     a, m = _steps(run["alone"]["metrics"]["a"]), _steps(run["out"] / f"{A}.metrics.jsonl")
     for step in range(1, STEPS + 1):
         assert m[step]["critic/score/mean"] == a[step]["critic/score/mean"]
-    c = _rollouts(run["out"] / "c" / "rollouts")
+    # c (seed 11, one slot) samples what b of the one-node test samples alone (seed 11, two slots): requests are
+    # seeded one by one, and the canonical sample order makes its updates the same
+    c, alone_c = _rollouts(run["out"] / "c" / "rollouts"), _rollouts(run["alone"]["rollouts"]["b"])
     assert sorted(c) == list(range(1, STEPS + 1)) and all(len(rows) == 8 * 4 for rows in c.values())
+    for step in c:
+        assert c[step] == alone_c[step], f"c step {step}: responses or rewards differ"
 
 
 def test_multi_node_a_lost_node_ends_only_the_pipeline_living_there_and_its_leases_are_reclaimed(run):
