@@ -9,9 +9,10 @@ pipelines:
 - ``b``: the verl-style script over two nodes;
 - ``c``: the bundled recipe (seed 11, as ``b`` of :mod:`tiny_pipelines`) on one slot;
 
-then, once ``b`` has trained a step, kills the raylet of the pool node that only ``b`` lives on (the pool rule
-places ``a`` on nodes 0-1, ``b`` on 1-2, ``c`` on 0), waits for the launcher and writes ``OUT/multi_node.json``:
-the launcher's exit code, and which pool node and Ray node was killed after how many of ``b``'s steps.
+then, once ``b`` runs its first rollout, kills the raylet of the pool node that only ``b`` lives on (the pool rule
+places ``a`` on nodes 0-1, ``b`` on 1-2, ``c`` on 0), waits for the scheduler to report the node lost and for the
+launcher, and writes ``OUT/multi_node.json``: the launcher's exit code, which pool node and Ray node was killed,
+how soon the scheduler noticed and which pipelines were still in the group then.
 """
 
 from __future__ import annotations
@@ -58,27 +59,45 @@ def recipes(out: Path) -> list[str]:
     return [" ".join(r) for r in (a, b, c)]
 
 
-def steps_logged(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def kill_b_node(out: Path, nodes, launcher: subprocess.Popen) -> dict:
-    """Once b has logged a step: kill the raylet of the pool node that only b lives on."""
+def group_status(launcher: subprocess.Popen, until) -> dict | None:
+    """Poll the group's scheduler until ``until(status)`` holds (``None``: the launcher ended first)."""
     import ray
 
-    metrics = out / f"{NAMES[1]}.metrics.jsonl"
-    while steps_logged(metrics) < 1:
-        if launcher.poll() is not None:
-            return {"killed": None}
-        time.sleep(0.5)
+    while launcher.poll() is None:
+        try:
+            scheduler = ray.get_actor(f"jigsaw-mux-{GROUP}", namespace="jigsaw_mux")
+            status = ray.get(scheduler.status.remote(), timeout=10)
+        except (ValueError, ray.exceptions.GetTimeoutError):  # not created yet, or busy
+            status = None
+        if status is not None and until(status):
+            return status
+        time.sleep(0.2)
+    return None
+
+
+def kill_b_node(nodes, launcher: subprocess.Popen) -> dict:
+    """Once b runs its first rollout (the others are then mid-run too: c starts with b, a before): kill the raylet
+    of the pool node that only b lives on, then wait for the group's scheduler to report the node lost."""
+    import ray
+
+    b = NAMES[1]
+    started = group_status(launcher, lambda s: "rollout of step 0" in s["pipelines"].get(b, {}).get("running", []))
+    if started is None:
+        return {"killed": None}
     scheduler = ray.get_actor(f"jigsaw-mux-{GROUP}", namespace="jigsaw_mux")
     pool = ray.get(scheduler.placement.remote())
-    others = {g for name, home in pool["homes"].items() if name != NAMES[1] for g in home}
+    others = {g for name, home in pool["homes"].items() if name != b for g in home}
     (victim,) = [n for n in pool["nodes"] if not others & set(n["slots"])]
-    node = next(n for n in nodes if n.node_id == victim["node_id"])
-    node.kill_raylet()
     k = pool["nodes"].index(victim)
-    return {"killed": {"pool_node": k, "node_id": victim["node_id"], "after_steps": steps_logged(metrics)}}
+    next(n for n in nodes if n.node_id == victim["node_id"]).kill_raylet()
+    killed_at = time.monotonic()
+    lost = group_status(launcher, lambda s: k in s["lost_nodes"])
+    return {
+        "killed": {"pool_node": k, "node_id": victim["node_id"], "b_steps_done": started["pipelines"][b]["steps_done"]},
+        "noticed_after_s": None if lost is None else time.monotonic() - killed_at,
+        # who was still in the group when the scheduler took the node out
+        "in_group_at_loss": None if lost is None else sorted(lost["pipelines"]),
+    }
 
 
 def main(out: Path) -> None:
@@ -93,7 +112,7 @@ def main(out: Path) -> None:
         args = [sys.executable, "-m", "jigsaw_verl.cli", "mux", *recipes(out), "--out", str(out), "--group", GROUP,
                 "--pool-slots", "3", "--pool-nodes", "3"]  # fmt: skip
         launcher = subprocess.Popen(args, env=env(RAY_ADDRESS=cluster.address), stdout=log, stderr=subprocess.STDOUT)
-        found = kill_b_node(out, nodes, launcher)
+        found = kill_b_node(nodes, launcher)
         found["rc"] = launcher.wait(timeout=1500)
         log.close()
     (out / "multi_node.json").write_text(json.dumps(found, indent=1))

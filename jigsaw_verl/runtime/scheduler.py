@@ -258,8 +258,12 @@ class MuxScheduler:
 
     async def leave(self, pipeline: str, reason: str = "finished") -> None:
         """Leave the group (a finished pipeline); its leases, if any, go back to the pool."""
-        self._owners.pop(pipeline, None)
         self._deliver(self.executor.leave(pipeline, self._now(), reason))
+        await self._forget(pipeline)
+
+    async def _forget(self, pipeline: str) -> None:
+        """What the scheduler keeps of a pipeline that left the executor: its owner, its ledger charges, its waits."""
+        self._owners.pop(pipeline, None)
         if self._ledger is not None:  # its processes end (or ended): what they held is freed
             await self._ledger.release_pipeline.remote(pipeline)
         for key, event in list(self._events.items()):
@@ -269,7 +273,10 @@ class MuxScheduler:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.watchdog_s)
-            await self._watch_nodes()
+            try:
+                await self._watch_nodes()
+            except Exception:  # a GCS hiccup must not end the watchdog: the next turn asks again
+                logger.exception("group %s: checking the pool's nodes failed", self.group)
             for name, owner in list(self._owners.items()):
                 try:
                     await asyncio.wait_for(owner.__ray_ready__.remote(), timeout=30 * self.watchdog_s)
@@ -280,24 +287,26 @@ class MuxScheduler:
                     await self.leave(name, reason=f"crashed: {type(err).__name__}")
 
     async def _watch_nodes(self) -> None:
-        """A pool node whose Ray node died takes the pipelines living on it out of the group (their workers are
-        gone), and each pipeline that lived on it, in the group or gone already, gets an error naming the node;
-        its slots are never handed out again."""
+        """A pool node whose Ray node died takes the pipelines living on it out of the group at once (their workers
+        are gone; the executor marks its slots lost first, so nothing is granted or homed there again), and each
+        pipeline that lived on it and had not finished gets an error naming the node."""
         if not self.node_ids:
             return
         alive = {n["NodeID"] for n in await asyncio.to_thread(ray.nodes) if n["Alive"]}
         for k, node_id in enumerate(self.node_ids):
             if k in self.lost_nodes or node_id in alive:
                 continue
-            self.lost_nodes.add(k)
             slots = set(self.executor.topology.node_slots(k))
-            living = sorted(name for name, home in self._homes.items() if slots & set(home))
-            logger.warning("group %s lost pool node %d (Ray node %s); pipelines %s", self.group, k, node_id, living)
+            living = [name for name, home in self._homes.items() if slots & set(home)]
+            gone = [name for name in living if name in self.executor.pipes]
             for name in living:
-                self.errors[name] = f"pool node {k} (Ray node {node_id}) left the cluster"
-                if name in self.executor.pipes:
-                    await self.leave(name, reason=f"node {k} lost ({node_id})")
-            self._deliver(self.executor.lose_node(k, self._now()))
+                if self.executor.left.get(name) != "finished" or name in gone:
+                    self.errors[name] = f"pool node {k} (Ray node {node_id}) left the cluster"
+            logger.warning("group %s lost pool node %d (Ray node %s); pipelines %s leave", self.group, k, node_id, gone)
+            self.lost_nodes.add(k)
+            self._deliver(self.executor.lose_node(k, self._now()))  # its pipelines leave, in one step
+            for name in gone:
+                await self._forget(name)
 
     def status(self) -> dict:
         ex = self.executor
