@@ -45,9 +45,9 @@ def is_applied() -> bool:
 def apply() -> None:
     if not os.environ.get(ENV):
         raise RuntimeError(f"{ENV} is not set: not a multiplexed run, nothing to apply")
-    from importlib.metadata import version
+    from jigsaw_verl.patches import installed_verl_version
 
-    found = version("verl")
+    found = installed_verl_version()
     if found not in VERL_VERSIONS:
         raise RuntimeError(
             f"jigsaw_verl.patches.reward_loop_node was written for verl {', '.join(VERL_VERSIONS)}; installed is "

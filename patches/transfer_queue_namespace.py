@@ -55,6 +55,16 @@ def installed_version() -> str:
     return version("TransferQueue")
 
 
+def check_tq_version(patch: str) -> None:
+    """Refuse to patch a TransferQueue release the patch ``jigsaw_verl.patches.<patch>`` was not written for."""
+    found = installed_version()
+    if found not in TQ_VERSIONS:
+        raise RuntimeError(
+            f"jigsaw_verl.patches.{patch} was written for TransferQueue {', '.join(TQ_VERSIONS)}; installed is "
+            f"{found}. Re-check it against this release before widening TQ_VERSIONS."
+        )
+
+
 def is_applied() -> bool:
     import transfer_queue.interface as tqi
 
@@ -65,13 +75,7 @@ def apply() -> None:
     namespace = os.environ.get(ENV)
     if not namespace:
         raise RuntimeError(f"{ENV} is not set: nothing to apply")
-    found = installed_version()
-    if found not in TQ_VERSIONS:
-        raise RuntimeError(
-            f"jigsaw_verl.patches.transfer_queue_namespace was written for TransferQueue "
-            f"{', '.join(TQ_VERSIONS)}; installed is {found}. Re-check it against this release before widening "
-            "TQ_VERSIONS."
-        )
+    check_tq_version("transfer_queue_namespace")
     import transfer_queue.interface as tqi
     from transfer_queue.storage.clients import ray_storage_client
 

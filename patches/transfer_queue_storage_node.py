@@ -17,14 +17,8 @@ from __future__ import annotations
 
 import os
 
-TQ_VERSIONS = ("0.1.11",)
-ENV = "JIGSAW_VERL_TQ_NAMESPACE"
-
-
-def installed_version() -> str:
-    from importlib.metadata import version
-
-    return version("TransferQueue")
+# the same multiplexed runs and TransferQueue releases as the namespace patch
+from jigsaw_verl.patches.transfer_queue_namespace import ENV, TQ_VERSIONS, check_tq_version  # noqa: F401
 
 
 def _on_this_node(original):
@@ -50,13 +44,7 @@ def is_applied() -> bool:
 def apply() -> None:
     if not os.environ.get(ENV):
         raise RuntimeError(f"{ENV} is not set: not a multiplexed run, nothing to apply")
-    found = installed_version()
-    if found not in TQ_VERSIONS:
-        raise RuntimeError(
-            f"jigsaw_verl.patches.transfer_queue_storage_node was written for TransferQueue "
-            f"{', '.join(TQ_VERSIONS)}; installed is {found}. Re-check it against this release before widening "
-            "TQ_VERSIONS."
-        )
+    check_tq_version("transfer_queue_storage_node")
     from transfer_queue.storage.bootstrap import simple_storage_bootstrap as bootstrap
 
     if not is_applied():

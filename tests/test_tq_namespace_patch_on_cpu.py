@@ -51,6 +51,14 @@ def test_refuses_without_a_namespace_or_on_another_release(monkeypatch):
         patch.apply()
 
 
+def _in_a_group_only(patch, monkeypatch) -> None:
+    """``patch`` refuses outside a multiplexed run; then this test's process is one (its namespace variable set)."""
+    monkeypatch.delenv(patch.ENV, raising=False)
+    with pytest.raises(RuntimeError, match="JIGSAW_VERL_TQ_NAMESPACE is not set"):
+        patch.apply()
+    monkeypatch.setenv(patch.ENV, "transfer_queue.g.p0")
+
+
 def test_storage_units_go_to_the_trainers_node_unless_the_run_names_a_resource(ray_session, monkeypatch):
     """patches/transfer_queue_storage_node.py: TransferQueue's bootstrap asks for one strategy per storage unit; in
     a group each is a hard affinity to the calling process's node (the real function, restored after)."""
@@ -59,10 +67,7 @@ def test_storage_units_go_to_the_trainers_node_unless_the_run_names_a_resource(r
     from jigsaw_verl.patches import transfer_queue_storage_node as patch
 
     saved = bootstrap.get_node_round_robin_scheduling_strategies
-    monkeypatch.delenv(patch.ENV, raising=False)
-    with pytest.raises(RuntimeError, match="JIGSAW_VERL_TQ_NAMESPACE is not set"):
-        patch.apply()
-    monkeypatch.setenv(patch.ENV, "transfer_queue.g.p0")
+    _in_a_group_only(patch, monkeypatch)
     try:
         patch.apply()
         patch.apply()  # idempotent: wrapped once
@@ -94,10 +99,7 @@ def test_reward_loop_workers_go_to_the_trainers_node(ray_session, monkeypatch):
             return ray_session.get_runtime_context().get_node_id(), self.args
 
     saved = RewardLoopManager._init_reward_loop_workers
-    monkeypatch.delenv(patch.ENV, raising=False)
-    with pytest.raises(RuntimeError, match="JIGSAW_VERL_TQ_NAMESPACE is not set"):
-        patch.apply()
-    monkeypatch.setenv(patch.ENV, "transfer_queue.g.p0")
+    _in_a_group_only(patch, monkeypatch)
     try:
         patch.apply()
         assert patch.is_applied()

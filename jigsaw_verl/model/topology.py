@@ -96,10 +96,11 @@ def whole_replicas(slots, tp: int, topology: PoolTopology) -> list[int]:
     return out
 
 
-def placement_refusal(width: int, tp: int, topology: PoolTopology, key: str = "rollout TP") -> str | None:
+def placement_refusal(width: int, tp: int, topology: PoolTopology) -> str | None:
     """Why a pipeline of ``width`` slots and rollout TP ``tp`` can never be placed on ``topology``, or ``None``."""
     if tp < 1 or topology.slots_per_node % tp:
-        return f"{key} {tp} does not divide the pool's {topology.slots_per_node} slots per node ({topology.describe()})"
+        per_node = topology.slots_per_node
+        return f"rollout TP {tp} does not divide the pool's {per_node} slots per node ({topology.describe()})"
     if width > topology.num_slots:
         return f"{width} slots is more than the pool's {topology.num_slots} ({topology.describe()})"
     if width % tp:

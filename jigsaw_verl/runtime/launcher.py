@@ -100,16 +100,7 @@ def launch(
         RecipeRefused: a recipe the group cannot run (every pre-Ray check of each, before Ray starts).
     """
     parsed = _parse_recipes(recipes)
-    if pool_nodes < 1 or pool_slots < 1 or pool_slots % pool_nodes:
-        raise ValueError(
-            f"--pool-nodes {pool_nodes}: the pool's {pool_slots} slots must cut into that many equal nodes"
-        )
-    if pool_nodes > 1 and not os.environ.get("RAY_ADDRESS"):
-        raise ValueError(
-            f"--pool-nodes {pool_nodes}: without RAY_ADDRESS the launcher starts Ray on this one machine; start Ray on "
-            "each node (`ray start --head`, then `ray start --address=...`) and set RAY_ADDRESS to the head"
-        )
-    topology = PoolTopology.of_nodes(pool_nodes, pool_slots // pool_nodes)
+    topology = _pool_topology(pool_slots, pool_nodes)
     try:
         live_policy_factory(policy)  # unknown, or needs asynchronous execution: one line before Ray starts
     except PolicyRefused as err:
@@ -154,6 +145,21 @@ def launch(
         "plot": str(plot_path),
         "interrupted": False,
     }
+
+
+def _pool_topology(pool_slots: int, pool_nodes: int) -> PoolTopology:
+    """The pool's shape from ``--pool-slots`` and ``--pool-nodes``; ``ValueError`` (one line) for a shape that cannot
+    be cut into equal nodes or cannot be reached (several nodes, but no cluster to join)."""
+    if pool_nodes < 1 or pool_slots < 1 or pool_slots % pool_nodes:
+        raise ValueError(
+            f"--pool-nodes {pool_nodes}: the pool's {pool_slots} slots must cut into that many equal nodes"
+        )
+    if pool_nodes > 1 and not os.environ.get("RAY_ADDRESS"):
+        raise ValueError(
+            f"--pool-nodes {pool_nodes}: without RAY_ADDRESS the launcher starts Ray on this one machine; start Ray on "
+            "each node (`ray start --head`, then `ray start --address=...`) and set RAY_ADDRESS to the head"
+        )
+    return PoolTopology.of_nodes(pool_nodes, pool_slots // pool_nodes)
 
 
 @dataclass(frozen=True)
