@@ -2,7 +2,7 @@
 
 - ``jigsaw-verl simulate WORKLOAD.yaml [--policies a,b] [--json F] [--trace F] [--plot F]``
 - ``jigsaw-verl mux "RECIPE.sh [override ...]" ... [--group G] [--pool-slots N] [--pool-nodes K] [--policy P]
-  [--out DIR]``: several verl recipes multiplexed on one pool (:mod:`jigsaw_verl.runtime.launcher`).
+  [--out DIR] [--pin-cores]``: several verl recipes multiplexed on one pool (:mod:`jigsaw_verl.runtime.launcher`).
 - ``jigsaw-verl check RECIPE.sh [override ...]``: every pre-Ray check the entry point runs on a recipe joining a
   group (the ``jigsaw.*`` rules, the model lookup, the step count), and the planning spec; starts nothing.
 - ``jigsaw-verl demo [--out DIR] [--skip-recipe]``: the simulator on the bundled long-CoT workload (table, trace,
@@ -144,6 +144,7 @@ def cmd_mux(args: argparse.Namespace) -> int:
             device=args.device,
             gpu=args.gpu,
             out=args.out,
+            pin_cores=args.pin_cores,
             progress=_progress,
         )
     except RecipeRefused as err:
@@ -215,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     mux.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="slot kind (default: cpu)")
     mux.add_argument("--gpu", default=None, help="GPU type from the catalogue when --device cuda (e.g. H100-80G)")
     mux.add_argument("--out", default="out/mux", help="folder for logs, metrics, trace and plot (default: out/mux)")
+    mux.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="CPU: run each pool slot's workers and rollout servers on that slot's own cores (jigsaw.mux.pin_cores)",
+    )
     mux.set_defaults(func=cmd_mux)
     check = sub.add_parser("check", help="run every pre-Ray check of a recipe as the launcher would, start nothing")
     check.add_argument("recipe", help="a verl recipe script (calling verl's main_ppo, or jigsaw_verl.main_ppo)")

@@ -4,10 +4,11 @@
 # Extra arguments are appended as hydra overrides, e.g. `trainer.total_training_steps=2`.
 # gpu_memory_utilization=0.4: two pipelines' rollout engines share each slot in a multiplexing group (its memory rule).
 # ENTRY is the python entry point (default: -m jigsaw_verl.main_ppo; cpu_tiny_grpo_legacy.sh swaps it).
+# TASK is the tiny task whose assets it trains on (default arith; cpu_countdown_grpo.sh sets countdown).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-ASSETS=$($PY -c "from jigsaw_verl.integration.cpu.assets import build_tiny_assets as b; print(b().root)" 2>/dev/null | tail -n 1)
+ASSETS=$($PY -c "from jigsaw_verl.integration.cpu.assets import build_tiny_assets as b; print(b(task='${TASK:-arith}').root)" 2>/dev/null | tail -n 1)
 OUT=${OUT:-out/cpu_tiny_grpo}
 mkdir -p "$OUT"
 

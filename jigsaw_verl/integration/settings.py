@@ -142,6 +142,8 @@ class MuxSettings:
             each worker takes ``1 / (3 * max_pipelines)`` of a pool slot's Ray resources.
         offload: move the training state onto the workers' devices when a stage's lease starts and back to host
             memory when it ends.
+        pin_cores: on the CPU backend, run the pipeline's workers and rollout servers on their pool slots' own cores
+            (:mod:`~jigsaw_verl.integration.cpu.slot_cores`); ignored on GPUs.
         gpu: GPU type from the catalogue (``H100-80G``, ...) for the policy's cost model; ignored on the CPU.
         slot_memory_mib: device memory of one pool slot, MiB (> 0), that the group's memory rule plans with and the
             CPU backend's ledger enforces; ``None``: ``gpu``'s memory, on the CPU scaled to the model
@@ -156,6 +158,7 @@ class MuxSettings:
     policy: str = _key(_policy)
     max_pipelines: int = _key(_max_pipelines)
     offload: bool = _key(_flag)
+    pin_cores: bool = _key(_flag)
     gpu: str | None = _key(_gpu)
     slot_memory_mib: float | None = _key(_mib_or_null)
 

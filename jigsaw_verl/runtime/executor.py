@@ -28,13 +28,16 @@ What differs from the simulator, and why:
   rollout ends, so the sync of step ``k`` *hands its lease over* to the rollout of step ``k + 1`` (``handover``: the
   same slots at the same share, in one call, without the policy). Its first sync (step -1), its start-up
   (:data:`~jigsaw_verl.model.graph.INIT`) and each validation (:data:`~jigsaw_verl.model.graph.VALIDATE`, with its
-  own sync) are leases outside the step graph: granted without the policy on the pipeline's whole home when no
-  other lease holds any of it, and nothing is granted beside them (two engines never start or profile memory on
-  one slot at once). They are not stage times the predictor learns from. A sync after the last step (verl's
-  own trainer makes one) is granted without the policy too.
-- If nothing runs and the policy defers every requested stage, the oldest request is granted on the pipeline's
-  home (``Grant.forced``) so the pool never deadlocks; a policy that raises is logged (``policy_errors``) and
-  treated the same way.
+  own sync) are leases outside the step graph: granted on the pipeline's whole home when no other lease holds any
+  of it, and nothing is granted beside them (two engines never start or profile memory on one slot at once). They
+  are not stage times the predictor learns from. Start-up and validation are granted without the policy; the
+  first sync is the head of the first rollout (it hands over to it), so it is granted when the policy starts that
+  rollout (``verl-seq`` holds a second job's first sync until the first job is done). A sync after the last step
+  (verl's own trainer makes one) is granted without the policy too.
+- If nothing runs, every pipeline has asked for its next stage and the policy defers them all, the oldest request
+  is granted on the pipeline's home (``Grant.forced``) so the pool never deadlocks (no grant is forced while a
+  pipeline is between two stages: its next request may be what the policy waits for, as ``verl-seq`` waits for
+  its running job); a policy that raises is logged (``policy_errors``) and treated the same way.
 
 No Ray, verl or torch here: tests drive it directly, and :mod:`.scheduler` wraps it in a Ray actor.
 """
@@ -76,6 +79,8 @@ from jigsaw_verl.runtime.live_view import (
 )
 
 logger = logging.getLogger(__name__)
+# the first weight sync, outside the step graph, and the rollout it hands over to
+FIRST_SYNC, FIRST_ROLLOUT = (-1, WEIGHT_SYNC), (0, ROLLOUT)
 
 __all__ = [
     "EngineMemoryRefused",
@@ -367,7 +372,7 @@ class LiveExecutor:
         """What only the live executor knows: the requested stages, the reported replicas, resident memory."""
         pipes = self._ordered()
         ready = tuple(
-            ReadyStage(ps.spec.name, *ps.requested)
+            ReadyStage(ps.spec.name, *self._planned_as(ps.requested))
             for ps in pipes
             if ps.requested is not None and not self._bypass(ps, *ps.requested)
         )
@@ -386,9 +391,16 @@ class LiveExecutor:
         return slot_free_bytes(self.pipes.values(), self.gpu, self.num_slots)
 
     def _bypass(self, ps: LivePipe, step: int, stage: str) -> bool:
-        """Granted without the policy: leases outside the step graph, and a sync after the last step (verl's trainer
-        makes one; nothing rolls out after it)."""
+        """Granted without the policy: leases outside the step graph but the first sync, and a sync after the last
+        step (verl's trainer makes one; nothing rolls out after it)."""
+        if (step, stage) == FIRST_SYNC:
+            return False
         return not _in_graph(step, stage) or (stage == WEIGHT_SYNC and step >= ps.spec.steps - 1)
+
+    @staticmethod
+    def _planned_as(requested: tuple[int, str]) -> tuple[int, str]:
+        """The stage the policy plans for a request: the first sync as the first rollout it hands over to."""
+        return FIRST_ROLLOUT if requested == FIRST_SYNC else requested
 
     # ---- deciding --------------------------------------------------------------------------------------------
     def decide(self, now: float) -> list[Grant]:
@@ -406,11 +418,17 @@ class LiveExecutor:
                     self.policy_errors.append(f"{self.policy_name}: {action} cannot run live; ignored")
                     continue
                 ps = self.pipes.get(action.pipeline)
-                if ps is not None and ps.requested == (action.step, action.stage):
-                    # the stage runs where the pipeline's workers are, at the share the policy gave it
-                    grants += self._try_grant(ps, action.sm_share, now, forced=False)
-        if not grants and not any(ps.running for ps in self.pipes.values()):
-            waiting = sorted((ps for ps in self.pipes.values() if ps.requested), key=lambda p: p.requested_s)
+                if ps is None or ps.requested is None or self._planned_as(ps.requested) != (action.step, action.stage):
+                    continue
+                # the stage runs where the pipeline's workers are, at the share the policy gave it (the first sync
+                # alone on them: it wakes the engines)
+                share = 1.0 if ps.requested == FIRST_SYNC else action.sm_share
+                grants += self._try_grant(ps, share, now, forced=False)
+        # the pool would deadlock only when nothing runs and every pipeline waits on the policy: one between two
+        # stages (its next request on the way) may be what the policy waits for (verl-seq's running job)
+        pipes = self.pipes.values()
+        if not grants and not any(ps.running for ps in pipes) and all(ps.requested for ps in pipes):
+            waiting = sorted(pipes, key=lambda p: p.requested_s)
             for ps in waiting[:1]:
                 grants += self._try_grant(ps, 1.0, now, forced=True)
         return grants

@@ -88,6 +88,7 @@ def launch(
     device: str = "cpu",
     gpu: str | None = None,
     out: str = "out/mux",
+    pin_cores: bool = False,
     progress=print,
 ) -> dict:
     """Run ``recipes`` as one group (each ``"path.sh [override ...]"``); Ctrl-C (SIGINT) or SIGTERM stops every
@@ -109,7 +110,9 @@ def launch(
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [f"p{i}-{Path(p[0]).stem}" for i, p in enumerate(parsed)]
-    group_args = group_overrides(group, policy, pool_slots=pool_slots, pool_nodes=pool_nodes, max_pipelines=len(parsed))
+    group_args = group_overrides(
+        group, policy, pool_slots=pool_slots, pool_nodes=pool_nodes, max_pipelines=len(parsed), pin_cores=pin_cores
+    )
     appended = [[*group_args, f"jigsaw.mux.pipeline={n}", f"trainer.experiment_name={n}"] for n in names]
     plan = _GroupPlan(names, parsed, appended, group, topology, slot, policy, device, out_dir)
     started = time.perf_counter()

@@ -56,9 +56,10 @@ def group_overrides(
     pool_slots: int | None = None,
     pool_nodes: int | None = None,
     max_pipelines: int | None = None,
+    pin_cores: bool = False,
 ) -> list[str]:
     """The ``jigsaw.*`` overrides that make a recipe a pipeline of ``group`` (what the launcher appends to each
-    recipe, and what ``jigsaw-verl check`` checks a recipe with)."""
+    recipe, and what ``jigsaw-verl check`` checks a recipe with); ``pin_cores``: its slots' own cores only (CPU)."""
     args = ["jigsaw.enable=true", f"jigsaw.mux.group={group}", f"jigsaw.mux.policy={policy}"]
     if pool_slots is not None:
         args.append(f"jigsaw.mux.pool_slots={pool_slots}")
@@ -66,6 +67,8 @@ def group_overrides(
         args.append(f"jigsaw.mux.pool_nodes={pool_nodes}")
     if max_pipelines is not None:
         args.append(f"jigsaw.mux.max_pipelines={max_pipelines}")
+    if pin_cores:
+        args.append("jigsaw.mux.pin_cores=true")
     return args
 
 

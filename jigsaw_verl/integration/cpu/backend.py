@@ -12,6 +12,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from jigsaw_verl.integration.cpu.slot_cores import PIN_CORES_ENV
+
 CPU_ROLLOUTS = ("cpu",)
 # Logical CPU slots Ray advertises: verl's actors each ask for some (TransferQueue's controller and storage,
 # the task runner, the agent-loop workers); over-subscribing a small machine is fine, deadlocking is not.
@@ -76,4 +78,6 @@ def prepare_cpu_run(config: DictConfig) -> list[str]:
             changed.append(f"ray_kwargs.ray_init.num_cpus={RAY_LOGICAL_CPUS}")
         env = ray_init.setdefault("runtime_env", {}).setdefault("env_vars", {})
         env["VERL_PLATFORM"] = "cpu"
+        if OmegaConf.select(config, "jigsaw.mux.pin_cores", default=False):  # every worker of the job pins itself
+            env[PIN_CORES_ENV] = "1"
     return changed

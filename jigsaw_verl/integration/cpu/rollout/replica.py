@@ -12,6 +12,7 @@ import ray
 from verl.workers.rollout.replica import RolloutReplica
 
 from jigsaw_verl.integration.cpu.rollout.server import CPURolloutServer
+from jigsaw_verl.integration.cpu.slot_cores import pin_this_worker
 from jigsaw_verl.integration.cpu.slot_memory import one_holder, slot_memory_of_this_worker
 
 SERVER_PREFIX = "cpu_server"
@@ -25,15 +26,18 @@ def server_name(replica_rank: int, node_rank: int = 0) -> str:
 class CPURolloutReplica(RolloutReplica):
     """A rollout replica served by :class:`CPURolloutServer` (one node, ``tensor_model_parallel_size`` CPU
     slots of the worker group; the server itself takes no Ray CPU so it fits beside the trainer). In a group's
-    pool the server charges the device-memory ledger on its workers' slots."""
+    pool the server charges the device-memory ledger on its workers' slots, and the workers and the server run on
+    those slots' cores only (:mod:`~jigsaw_verl.integration.cpu.slot_cores`)."""
 
     async def launch_servers(self) -> None:
         if self.nnodes != 1:
             raise ValueError("the CPU rollout runs one node per replica")
-        node_id, memory = None, None
+        node_id, memory, cores = None, None, None
         if self.workers:
             node_id = await self.workers[0].__ray_call__.remote(lambda w: ray.get_runtime_context().get_node_id())
             memory = one_holder([await w.__ray_call__.remote(_slot_memory) for w in self.workers])
+            pinned = [await w.__ray_call__.remote(pin_this_worker) for w in self.workers]
+            cores = None if None in pinned else tuple(sorted({c for p in pinned for c in p}))
         options = {"name": server_name(self.replica_rank), "max_concurrency": self.max_concurrency, "num_cpus": 0}
         if node_id is not None:
             options["scheduling_strategy"] = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
@@ -42,7 +46,13 @@ class CPURolloutReplica(RolloutReplica):
         server = (
             ray.remote(CPURolloutServer)
             .options(**options)
-            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank, memory=memory)
+            .remote(
+                config=self.config,
+                model_config=self.model_config,
+                replica_rank=self.replica_rank,
+                memory=memory,
+                cores=cores,
+            )  # fmt: skip
         )
         await server.telemetry.remote()  # raises here if the model cannot load
         self.servers = [server]

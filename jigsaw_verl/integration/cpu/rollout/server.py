@@ -20,6 +20,7 @@ import torch
 from verl.workers.rollout.replica import TokenOutput
 
 from jigsaw_verl.integration.cpu.rollout.engine import CPUGenerationEngine, Sequence, request_seed
+from jigsaw_verl.integration.cpu.slot_cores import pin_process
 from jigsaw_verl.integration.cpu.slot_memory import SlotMemory
 
 logger = logging.getLogger(__name__)
@@ -33,15 +34,27 @@ class CPURolloutServer:
         model_config: verl's ``HFModelConfig`` (local model path).
         replica_rank: this replica's rank.
         memory: where its device memory is charged (``None``: outside a pool with a ledger).
+        cores: the cores of its replica's slots, which all its threads run on (``None``: outside a pool; one torch
+            thread on any core).
     """
 
-    def __init__(self, config: Any, model_config: Any, replica_rank: int, memory: SlotMemory | None = None):
+    def __init__(
+        self,
+        config: Any,
+        model_config: Any,
+        replica_rank: int,
+        memory: SlotMemory | None = None,
+        cores: tuple[int, ...] | None = None,
+    ):
         from transformers import AutoModelForCausalLM
 
         self.config = config
         self.replica_rank = replica_rank
         path = _model_path(model_config)
-        torch.set_num_threads(1)
+        if cores is not None:
+            pin_process(cores)
+        else:
+            torch.set_num_threads(1)
         self.model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
         self.model.eval()
         gen = self.model.generation_config
