@@ -342,3 +342,15 @@ def test_verl_seq_keeps_the_pool_for_its_running_job_while_it_is_between_two_sta
     grants = ex.finish("a", *order[-1], now + 1.0)
     assert [(g.pipeline, g.step, g.stage, g.forced) for g in grants] == [("b", -1, WEIGHT_SYNC, False)]
     assert not ex.policy_errors
+
+
+def test_verl_split_runs_each_pipeline_on_its_home_whatever_order_they_joined_in():
+    """The policy's workload lists the pipelines in pool order, so ``verl-split``'s slices are their homes: ``b``,
+    joining first but homed on slot 1, is not held back while ``a`` (slot 0) runs."""
+    ex = LiveExecutor(2, CPU_SLOT, live_policy_factory("verl-split"), policy_name="verl-split")
+    ex.plan_homes({"a": (0,), "b": (1,)})
+    for n in ("b", "a"):
+        ex.join(_spec(n), 1, 0.0)
+    assert [g.gpus for g in ex.request("a", 0, "rollout", 0.0)] == [(0,)]
+    assert [g.gpus for g in ex.request("b", 0, "rollout", 0.5)] == [(1,)]
+    assert not ex.policy_errors

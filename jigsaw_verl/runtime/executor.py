@@ -361,7 +361,9 @@ class LiveExecutor:
         return self._policy
 
     def _ordered(self) -> list[LivePipe]:
-        return sorted(self.pipes.values(), key=lambda p: p.index)
+        """The pipelines in pool order (by home, then by joining): the order the policy's workload lists them in, so
+        a static split's equal slices are the homes whatever order the pipelines joined in."""
+        return sorted(self.pipes.values(), key=lambda p: (p.home, p.index))
 
     def snapshot(self, now: float) -> Snapshot:
         """What the policy sees now, from the pool's one snapshot builder."""
