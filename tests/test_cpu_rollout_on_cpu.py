@@ -161,3 +161,23 @@ def test_text_only(assets, prompts):
     s = _server(assets)
     with pytest.raises(ValueError, match="text only"):
         asyncio.run(s.generate(prompts[0], dict(GREEDY), "img", image_data=[torch.zeros(1)]))
+
+
+def test_a_sequences_log_probs_do_not_depend_on_its_neighbours_to_the_last_bit(assets, prompts):
+    """Sampling draws from each request's own generator, so a sequence's tokens stay the same however requests
+    are batched only if its logits do, bit for bit: beside longer or shorter neighbours (which a padded batch would
+    make it attend past) its log-probs equal those it gets alone."""
+    from jigsaw_verl.integration.cpu.rollout.engine import CPUGenerationEngine, Sequence
+
+    server = _server(assets)
+    engine = CPUGenerationEngine(server.model, eos_token_ids=set(), pad_token_id=0)
+
+    def decode(batch: list[list[int]]) -> list[float]:
+        seqs = [Sequence(str(i), ids, 6, temperature=0.0) for i, ids in enumerate(batch)]
+        for _ in range(6):
+            engine.step(seqs)
+        return seqs[0].log_probs
+
+    alone = decode([prompts[0]])
+    longer = prompts[0] + prompts[1]
+    assert decode([prompts[0], longer, prompts[2][:5], prompts[0]]) == alone

@@ -2,10 +2,10 @@
 
 Every :meth:`CPUGenerationEngine.step` runs one decode step for all live sequences together: new requests join
 the batch at the next step and finished ones leave it (continuous batching). The step recomputes each
-sequence's full context with left padding instead of keeping a KV cache: the tiny CPU models make that cheap,
-and it keeps a sequence's logits independent of its neighbours, so greedy decoding gives the same text however
-requests are batched, aborted or resumed. Sampling draws from a per-request generator, seeded from the request
-when the caller asks for determinism.
+sequence's full context instead of keeping a KV cache (the tiny CPU models make that cheap), one forward pass per
+group of equal context length, without padding: a sequence's logits then do not depend on its neighbours, so
+decoding gives the same text however requests are batched, aborted or resumed. Sampling draws from a per-request
+generator, seeded from the request when the caller asks for determinism.
 """
 
 from __future__ import annotations
@@ -71,24 +71,26 @@ class CPUGenerationEngine:
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence]) -> None:
-        """Generate one token for each of ``seqs`` (at most ``max_num_seqs``) and mark the ones that end."""
+        """Generate one token for each of ``seqs`` (at most ``max_num_seqs``) and mark the ones that end.
+
+        Sequences are decoded in groups of equal context length, each group one forward pass without padding: a
+        left-padded batch gives a sequence slightly different logits (float rounding) depending on its neighbours'
+        lengths, so which requests happened to share a step would change sampled tokens, and a multiplexed run
+        would no longer compute what the pipeline computes alone."""
         if not seqs:
             return
-        contexts = [s.prompt_ids + s.token_ids for s in seqs]
-        width = max(len(c) for c in contexts)
-        ids = torch.full((len(seqs), width), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, c in enumerate(contexts):
-            ids[i, width - len(c) :] = torch.tensor(c, dtype=torch.long)
-            mask[i, width - len(c) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, :].float()
-        for i, s in enumerate(seqs):
-            token, logprob = self._sample(logits[i], s)
-            s.token_ids.append(token)
-            s.log_probs.append(logprob)
-            if (token in self.eos and not s.ignore_eos) or len(s.token_ids) >= s.max_tokens:
-                s.finished = "completed"
+        groups: dict[int, list[Sequence]] = {}
+        for s in seqs:
+            groups.setdefault(len(s.prompt_ids) + len(s.token_ids), []).append(s)
+        for group in groups.values():
+            ids = torch.tensor([s.prompt_ids + s.token_ids for s in group], dtype=torch.long)
+            logits = self.model(input_ids=ids).logits[:, -1, :].float()
+            for i, s in enumerate(group):
+                token, logprob = self._sample(logits[i], s)
+                s.token_ids.append(token)
+                s.log_probs.append(logprob)
+                if (token in self.eos and not s.ignore_eos) or len(s.token_ids) >= s.max_tokens:
+                    s.finished = "completed"
 
     def _sample(self, logits: torch.Tensor, s: Sequence) -> tuple[int, float]:
         if s.temperature <= 0:
