@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from jigsaw_verl.integration.cpu.assets import build_tiny_assets
 from jigsaw_verl.report.live_run import LiveRun, read_live_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or args.steps < 1 or args.rounds < 1:
         parser.error(f"--configs {args.configs}: known {', '.join(CONFIGS)}; --steps and --rounds must be >= 1")
+    print("bench_live: building the countdown task's assets (once; ~4 min the first time)", flush=True)
+    build_tiny_assets(task="countdown")
     rounds: list[dict[str, LiveRun]] = []
     exact: dict[str, list[bool]] = {}
     for r in range(args.rounds):

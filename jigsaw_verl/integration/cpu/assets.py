@@ -13,6 +13,7 @@ tested. The dataset is in verl's RL parquet format (``data_source``, chat ``prom
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -178,13 +179,20 @@ def build_tiny_assets(
         want["task"] = f"{spec.name}/{spec.version}"
     if stamp.exists() and json.loads(stamp.read_text()) == want:
         return assets
-    rng = random.Random(seed)
-    assets.model.mkdir(parents=True, exist_ok=True)
-    tokenizer = _build_tokenizer(spec, rng, assets.model)
-    _build_model(spec, tokenizer, seed, assets.model)
-    pd.DataFrame(_rows(spec, train_rows, rng, "train")).to_parquet(assets.train_file)
-    pd.DataFrame(_rows(spec, val_rows, rng, "test")).to_parquet(assets.val_file)
-    stamp.write_text(json.dumps(want))
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".build.lock").open("w") as lock:
+        # processes that need the assets at once (a group's recipes are checked together) build them in turn: the
+        # first builds, the others find its stamp
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and json.loads(stamp.read_text()) == want:
+            return assets
+        rng = random.Random(seed)
+        assets.model.mkdir(parents=True, exist_ok=True)
+        tokenizer = _build_tokenizer(spec, rng, assets.model)
+        _build_model(spec, tokenizer, seed, assets.model)
+        pd.DataFrame(_rows(spec, train_rows, rng, "train")).to_parquet(assets.train_file)
+        pd.DataFrame(_rows(spec, val_rows, rng, "test")).to_parquet(assets.val_file)
+        stamp.write_text(json.dumps(want))
     return assets
 
 
