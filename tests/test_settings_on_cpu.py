@@ -108,7 +108,7 @@ def test_overrides_and_interpolations():
     [
         ({"nope": 1}, "unknown key jigsaw.nope (known: enable, migration, mux)"),
         ({"migration": {"threshold": 3}}, "unknown key jigsaw.migration.threshold (known: enable, poll_s, tail_"),
-        ({"mux": {"nope": 1}}, "unknown key jigsaw.mux.nope (known: gpu, group, max_pipelines, offload, pin_cores, pipeline,"),
+        ({"mux": {"nope": 1}}, "unknown key jigsaw.mux.nope (known: gpu, group, max_pipelines, offload, pin_cores,"),
         ({"mux": 3}, "jigsaw.mux must be a group of keys (gpu, group, "),
         ({"enable": 1}, "jigsaw.enable must be true or false, got 1"),
         ({"migration": {"poll_s": "x"}}, "jigsaw.migration.poll_s must be a positive number of seconds, got 'x'"),
