@@ -170,7 +170,7 @@ def test_a_sequences_log_probs_do_not_depend_on_its_neighbours_to_the_last_bit(a
     from jigsaw_verl.integration.cpu.rollout.engine import CPUGenerationEngine, Sequence
 
     server = _server(assets)
-    engine = CPUGenerationEngine(server.model, eos_token_ids=set(), pad_token_id=0)
+    engine = CPUGenerationEngine(server.model, eos_token_ids=set())
 
     def decode(batch: list[list[int]]) -> list[float]:
         seqs = [Sequence(str(i), ids, 6, temperature=0.0) for i, ids in enumerate(batch)]

@@ -135,16 +135,16 @@ def _warm_start(task: TinyTask, model, tokenizer, rng: random.Random, seed: int)
     torch.set_num_threads(task.warmup_threads or threads)
     opt = torch.optim.AdamW(model.parameters(), lr=WARMUP_LR)
     model.train()
-    problem = task.warmup_problem or (lambda r: (*task.problem(r), True))
+    problem = task.warmup_problem or task.problem
     for _ in range(task.warmup_steps):
         rows, width = [], 0
         for _ in range(task.warmup_batch):
-            q, a, complete = problem(rng)
+            q, a = problem(rng)
             text = tokenizer.apply_chat_template(
                 [{"role": "user", "content": q + task.instruction}], add_generation_prompt=True, tokenize=False
             )
             prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-            answer = tokenizer(a, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] * complete
+            answer = tokenizer(a, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             rows.append((prompt, answer))
             width = max(width, len(prompt) + len(answer))
         ids = torch.full((len(rows), width), tokenizer.pad_token_id)

@@ -53,8 +53,7 @@ class TinyTask:
         warmup_batch: problems per warm-start step.
         warmup_threads: torch threads of the warm start (``None``: torch's default); one is faster than two on a
             busy small machine for a model this small.
-        warmup_problem: the warm start's problems, ``(question, answer, complete)`` (``None``: :attr:`problem`'s,
-            complete); an incomplete answer is the start of one, taught without its end token.
+        warmup_problem: the warm start's problems, ``(question, answer)`` (``None``: :attr:`problem`).
         whole_tokens: strings the tokenizer keeps whole (one token each, matched longest first before the BPE
             runs): the countdown's numbers, each also with the space before it, so a response is a token a number.
         cache_dir: the folder under the assets root its build is cached in.
@@ -70,7 +69,7 @@ class TinyTask:
     warmup_steps: int
     warmup_batch: int
     warmup_threads: int | None = None
-    warmup_problem: Callable[[random.Random], tuple[str, str, bool]] | None = None
+    warmup_problem: Callable[[random.Random], tuple[str, str]] | None = None
     whole_tokens: tuple[str, ...] = ()
     cache_dir: str = ""
     version: int = 1
@@ -100,11 +99,11 @@ def countdown_problem(rng: random.Random) -> tuple[str, str]:
     return f"Count down from {n}.", countdown_answer(n)
 
 
-def countdown_warmup_problem(rng: random.Random) -> tuple[str, str, bool]:
+def countdown_warmup_problem(rng: random.Random) -> tuple[str, str]:
     """Every start equally often, the whole countdown (RL draws the long ones rarely; a window of their first
     numbers only does not teach the rule at the positions far into a long answer)."""
     n = rng.randint(1, COUNTDOWN_MAX)
-    return f"Count down from {n}.", countdown_answer(n), True
+    return f"Count down from {n}.", countdown_answer(n)
 
 
 ARITH = TinyTask(
@@ -116,7 +115,6 @@ ARITH = TinyTask(
     shape=ModelShape(96, 288, 2, 3, 512),
     warmup_steps=500,
     warmup_batch=32,
-    cache_dir="",
 )
 COUNTDOWN = TinyTask(
     name="countdown",

@@ -59,14 +59,12 @@ class CPUGenerationEngine:
     Args:
         model: a transformers causal LM (eval mode, float32).
         eos_token_ids: tokens that end a response.
-        pad_token_id: the padding token.
         max_num_seqs: sequences decoded together at most; the rest wait.
     """
 
-    def __init__(self, model: torch.nn.Module, *, eos_token_ids: set[int], pad_token_id: int, max_num_seqs: int = 256):
+    def __init__(self, model: torch.nn.Module, *, eos_token_ids: set[int], max_num_seqs: int = 256):
         self.model = model
         self.eos = set(eos_token_ids)
-        self.pad = pad_token_id
         self.max_num_seqs = max_num_seqs
 
     @torch.no_grad()

@@ -59,11 +59,9 @@ class CPURolloutServer:
         self.model.eval()
         gen = self.model.generation_config
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
-        pad = gen.pad_token_id if gen.pad_token_id is not None else eos[0]
         self.engine = CPUGenerationEngine(
-            self.model, eos_token_ids={e for e in eos if e is not None}, pad_token_id=pad,
-            max_num_seqs=int(config.max_num_seqs or 256),
-        )  # fmt: skip
+            self.model, eos_token_ids={e for e in eos if e is not None}, max_num_seqs=int(config.max_num_seqs or 256)
+        )
         self.prompt_length = int(config.prompt_length)
         self.response_length = int(config.response_length)
         self.max_model_len = int(config.max_model_len or self.prompt_length + self.response_length)
