@@ -224,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     mux.set_defaults(func=cmd_mux)
     check = sub.add_parser("check", help="run every pre-Ray check of a recipe as the launcher would, start nothing")
     check.add_argument("recipe", help="a verl recipe script (calling verl's main_ppo, or jigsaw_verl.main_ppo)")
-    check.add_argument("overrides", nargs=argparse.REMAINDER, help="hydra overrides appended to the recipe's own")
+    check.add_argument(
+        "overrides", nargs="*", help="hydra overrides appended to the recipe's own (the options may stand anywhere)"
+    )
     check.add_argument("--group", default="check", help="group name to check against (default: check)")
     check.add_argument("--pool-slots", type=int, default=None, help="slots of the group's pool (default: its own)")
     check.add_argument(
@@ -240,7 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "check":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # check: what is not one of its options is the recipe's, in order (hydra says if it is not)
+        args.overrides = [*args.overrides, *unknown]
     try:
         return args.func(args)
     except UsageError as err:

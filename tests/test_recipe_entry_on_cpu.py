@@ -77,6 +77,20 @@ def test_check_refuses_every_problem_of_a_recipe_in_one_line_each_within_seconds
     assert "ray init" not in r.stdout
 
 
+def test_check_takes_its_options_after_the_recipe_and_a_config_hydra_refuses_is_one_line():
+    """Options may follow the recipe among its overrides (they used to become hydra overrides and the check
+    crashed on the placeholder verdict); an override hydra cannot compose is one line naming what it said."""
+    r = _cli("check", str(RECIPE), "--policy", "areal", "trainer.total_training_steps=3")
+    errors = _errors(r)
+    assert r.returncode == 2 and len(errors) == 1, r.stderr[-3000:]
+    assert "jigsaw.mux.policy='areal' needs asynchronous execution" in errors[0] and "it can run: verl" in errors[0]
+    r = _cli("check", str(RECIPE), "--no-such-option")
+    errors = _errors(r)
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert errors[0].startswith(f"jigsaw-verl: error: {RECIPE}: hydra could not compose its config (exit 2): ")
+    assert "--no-such-option" in errors[0]
+
+
 @pytest.mark.parametrize(
     "script, message",
     [

@@ -168,8 +168,11 @@ def _verdict(recipe: list[str], proc: subprocess.Popen, verdict: Path, log: Path
         rc = proc.wait(timeout=CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return RecipeCheck(recipe=given, problems=(f"its check did not finish in {CHECK_TIMEOUT_S} s",))
-    if verdict.is_file():
-        data = json.loads(verdict.read_text())
+    tail = " | ".join(line.strip() for line in log.read_text().splitlines()[-3:] if line.strip())
+    data = json.loads(verdict.read_text()) if verdict.is_file() else None
+    if data is not None and data.get("composing"):  # the entry point's placeholder: hydra stopped before checking
+        return RecipeCheck(recipe=given, problems=(f"hydra could not compose its config (exit {rc}): {tail}",))
+    if data is not None:
         return RecipeCheck(
             recipe=given,
             problems=tuple(data["problems"]),
@@ -178,7 +181,6 @@ def _verdict(recipe: list[str], proc: subprocess.Popen, verdict: Path, log: Path
             engine=data.get("engine"),
             slot_memory_bytes=data.get("slot_memory_bytes"),
         )
-    tail = " | ".join(line.strip() for line in log.read_text().splitlines()[-3:] if line.strip())
     why = f"it exited {rc} first: {tail}" if rc else "it exited 0 without calling it"
     return RecipeCheck(
         recipe=given,
