@@ -32,6 +32,8 @@ from pathlib import Path
 
 from jigsaw_verl.integration.cpu.assets import build_tiny_assets
 from jigsaw_verl.report.live_run import LiveRun, read_live_run
+from jigsaw_verl.report.live_stage_times import alone_times, makespan_bound_s
+from jigsaw_verl.runtime.replay_group import predict_group
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "cpu_countdown_grpo.sh"
@@ -103,6 +105,28 @@ def same_as_alone(folders: dict[str, Path]) -> dict[str, bool]:
     return {n: rollouts(f) == alone for n, f in folders.items() if n != "verl-seq" and CONFIGS[n][1] == width}
 
 
+def predicted(folders: dict[str, Path]) -> dict[str, LiveRun]:
+    """Per configuration, the replay of its group (:mod:`jigsaw_verl.runtime.replay_group`) from the stage times
+    of the baselines of this round: ``verl-split`` for pipelines on one slot, ``verl-seq`` for pipelines on the
+    whole pool. The baselines predict themselves from their own leases (a check of the replay); ``jigsaw`` and
+    ``greedy`` are predicted from the baselines' alone."""
+    baselines = {CONFIGS[b][1]: folders[b] for b in ("verl-split", "verl-seq") if b in folders}
+    return {
+        name: predict_group(folder, baselines, group_size=GROUP_SIZE, batch_prompts=BATCH_PROMPTS)
+        for name, folder in folders.items()
+        if CONFIGS[name][1] in baselines
+    }
+
+
+def bound(folders: dict[str, Path], steps: int) -> float | None:
+    """The round's lower bound on any schedule's steady-state makespan
+    (:func:`~jigsaw_verl.report.live_stage_times.makespan_bound_s`) from both baselines' alone times."""
+    if not {"verl-split", "verl-seq"} <= set(folders):
+        return None
+    widths = {CONFIGS[b][1]: alone_times(folders[b]) for b in ("verl-split", "verl-seq")}
+    return makespan_bound_s(widths, POOL_SLOTS, steps)
+
+
 def _figures(run: LiveRun, alone: LiveRun | None) -> dict[str, float]:
     figures = {
         "makespan_s": run.makespan_s,
@@ -165,6 +189,28 @@ def markdown(summary: dict[str, dict[str, tuple[float, float, float]]], rounds: 
     return "\n".join(lines)
 
 
+PREDICTION_COLUMNS = ("makespan_s", "vs_verl-split", "vs_verl-seq")
+
+
+def prediction_markdown(measured: dict, predicted: dict) -> str:
+    """Measured beside predicted (medians over rounds), and each predicted ratio's error over the measured."""
+    lines = [
+        "| configuration | makespan s | predicted | vs verl-split | predicted | error | vs verl-seq | predicted "
+        "| error |",
+        "|---|" + "---:|" * 8,
+    ]
+    for name, figures in predicted.items():
+        cells = [f"{measured[name]['makespan_s'][0]:.1f}", f"{figures['makespan_s'][0]:.1f}"]
+        for key in PREDICTION_COLUMNS[1:]:
+            if key not in figures:
+                cells += ["", "", ""]
+                continue
+            real, guess = measured[name][key][0], figures[key][0]
+            cells += [f"{real:.2f}x", f"{guess:.2f}x", f"{guess / real - 1:+.0%}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=8, help="training steps of each pipeline (default 8)")
@@ -180,15 +226,31 @@ def main(argv: list[str] | None = None) -> int:
     print("bench_live: building the countdown task's assets (once; ~4 min the first time)", flush=True)
     build_tiny_assets(task="countdown")
     rounds: list[dict[str, LiveRun]] = []
+    predictions: list[dict[str, LiveRun]] = []
+    bounds: list[tuple[float, float]] = []  # per round: the makespan bound, and verl-split's makespan over it
     exact: dict[str, list[bool]] = {}
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]  # round robin: drift spreads over configurations
         folders = {n: Path(args.out) / f"round{r}" / n for n in order}
         rounds.append({n: run_config(n, args.steps, folders[n]) for n in order})
+        predictions.append(predicted(folders))
+        floor = bound(folders, args.steps)
+        if floor is not None:
+            bounds.append((floor, rounds[-1]["verl-split"].makespan_s / floor))
         for name, same in same_as_alone(folders).items():
             exact.setdefault(name, []).append(same)
     summary = summarize(rounds)
     print(markdown(summary, args.rounds))
+    forecast = summarize(predictions)
+    if forecast:
+        print("bench_live: the replay's prediction of each configuration (runtime/live_replay.py), beside the run")
+        print(prediction_markdown(summary, forecast))
+    if bounds:
+        floor, most = statistics.median(b[0] for b in bounds), statistics.median(b[1] for b in bounds)
+        print(
+            f"bench_live: no schedule's steady-state makespan is below {floor:.1f} s here (each pipeline's chain "
+            f"alone on its fastest home, and the slot-seconds of work over the pool): at most {most:.2f}x verl-split"
+        )
     for name, same in exact.items():
         print(
             f"bench_live: {name}: every step's responses and rewards equal verl-seq's (each pipeline alone on the "
@@ -199,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
             "steps": args.steps,
             "rounds": [{n: asdict(run) for n, run in rnd.items()} for rnd in rounds],
             "summary": summary,
+            "predicted": [{n: asdict(run) for n, run in rnd.items()} for rnd in predictions],
+            "predicted_summary": forecast,
+            "makespan_bound_s": [b[0] for b in bounds],
             "same_as_verl_seq": exact,
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

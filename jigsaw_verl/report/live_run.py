@@ -80,17 +80,46 @@ def _busy_slot_seconds(leases: list[dict], start: float, end: float, num_slots: 
     return total
 
 
-def _pipeline(name: str, leases: list[dict], metrics: Path, group_size: int, batch_prompts: int) -> PipelineRun:
+def _pipeline(
+    name: str, leases: list[dict], lengths: tuple[float, ...], group_size: int, batch_prompts: int
+) -> PipelineRun:
     mine = [s for s in leases if s["pipeline"] == name]
     steps = sorted({int(s["step"]) for s in mine})
     step_s = tuple(
         max(s["end_s"] for s in mine if s["step"] == k) - min(s["start_s"] for s in mine if s["step"] == k)
         for k in steps
     )
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
-    lengths = tuple(float(r["data"]["response_length/mean"]) for r in rows if "response_length/mean" in r["data"])
     tokens = sum(lengths) * group_size * batch_prompts
     return PipelineRun(name, len(steps), step_s, tokens, lengths)
+
+
+def response_lengths(metrics: Path) -> tuple[float, ...]:
+    """Per step, the mean response length verl logged (``response_length/mean`` of ``<pipeline>.metrics.jsonl``)."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    return tuple(float(r["data"]["response_length/mean"]) for r in rows if "response_length/mean" in r["data"])
+
+
+def live_run_of(
+    leases: list[dict],
+    num_slots: int,
+    lengths: dict[str, tuple[float, ...]],
+    *,
+    group_size: int,
+    batch_prompts: int,
+    wall_s: float | None = None,
+    source: str = "leases",
+) -> LiveRun:
+    """The measurements of a run whose leases are ``leases`` (``leases.json`` records, live or replayed) and whose
+    pipelines' mean response lengths per step are ``lengths``."""
+    leases = _step_leases(leases)
+    if not leases:
+        raise ValueError(f"{source}: no lease of a training step (did the run fail?)")
+    start = min(s["start_s"] for s in leases)
+    end = max(s["end_s"] for s in leases)
+    busy = _busy_slot_seconds(leases, start, end, num_slots)
+    names = sorted({s["pipeline"] for s in leases})
+    pipelines = {n: _pipeline(n, leases, lengths.get(n, ()), group_size, batch_prompts) for n in names}
+    return LiveRun(end - start, wall_s, busy / (num_slots * (end - start)), pipelines)
 
 
 def read_live_run(
@@ -100,12 +129,15 @@ def read_live_run(
     ``group_size`` and ``batch_prompts`` (responses per prompt, prompts per step) turn verl's mean response length
     into tokens."""
     folder = Path(folder)
-    leases = _step_leases(json.loads((folder / "leases.json").read_text()))
-    if not leases:
-        raise ValueError(f"{folder / 'leases.json'}: no lease of a training step (did the run fail?)")
-    start = min(s["start_s"] for s in leases)
-    end = max(s["end_s"] for s in leases)
-    busy = _busy_slot_seconds(leases, start, end, num_slots)
-    names = sorted({s["pipeline"] for s in leases})
-    pipelines = {n: _pipeline(n, leases, folder / f"{n}.metrics.jsonl", group_size, batch_prompts) for n in names}
-    return LiveRun(end - start, wall_s, busy / (num_slots * (end - start)), pipelines)
+    leases = json.loads((folder / "leases.json").read_text())
+    names = {s["pipeline"] for s in leases}
+    lengths = {n: response_lengths(folder / f"{n}.metrics.jsonl") for n in names}
+    return live_run_of(
+        leases,
+        num_slots,
+        lengths,
+        group_size=group_size,
+        batch_prompts=batch_prompts,
+        wall_s=wall_s,
+        source=str(folder / "leases.json"),
+    )

@@ -11,7 +11,8 @@ session of its own, its driver joining the cluster through ``RAY_ADDRESS``. Whil
 per pipeline (steps done, the stage it holds or waits for); at the end it writes a combined Perfetto trace and a
 utilisation plot of the leases (``mux.trace.json``, ``mux.png``, the raw leases in ``leases.json``), where every
 pipeline's workers were placed (``pool.json``: all in the pool's one placement group, which the scheduler owns),
-the stage times its predictor learned from (``stage_times.json``) and, on the CPU backend, the device-memory
+the stage times its predictor learned from (``stage_times.json``), what each pipeline joined with (``group.json``:
+planning spec, slots, engine; what :mod:`.live_replay` replays) and, on the CPU backend, the device-memory
 ledger's timeline (``memory.json``, also a memory track per slot in the trace), beside each pipeline's log and metrics
 (``<pipeline>.log``, ``<pipeline>.metrics.jsonl``). A pipeline that fails does not stop the others; the
 launcher's exit code is the first non-zero one. Ctrl-C (SIGINT) or SIGTERM stops every pipeline's session, the
@@ -127,11 +128,12 @@ def launch(
     if interrupted:
         progress(f"mux: interrupted after {wall:.0f} s; stopped {', '.join(names)}, the group's scheduler and Ray")
         return {"rc": 130, "wall_s": wall, "pipelines": rcs, "trace": None, "plot": None, "interrupted": True}
-    trace, placement, history, memory = artefacts
+    trace, placement, history, memory, joined = artefacts
     trace_path, plot_path = out_dir / "mux.trace.json", out_dir / "mux.png"
     (out_dir / "leases.json").write_text(json.dumps(trace, indent=1))
     (out_dir / "pool.json").write_text(json.dumps(placement, indent=1))
     (out_dir / "stage_times.json").write_text(json.dumps(history, indent=1))
+    (out_dir / "group.json").write_text(json.dumps(joined, indent=1))
     if memory is not None:
         from jigsaw_verl.pool.ledger import ledger_summary
 
@@ -202,7 +204,7 @@ def _check_group(plan: _GroupPlan, progress) -> tuple[float, dict[str, tuple[int
 
 def _run_group(plan: _GroupPlan, progress, stop: threading.Event) -> tuple[list[_Run], tuple | None, bool]:
     """Start Ray, the group's scheduler and every pipeline; wait for them (until ``stop``: Ctrl-C or SIGTERM).
-    Returns ``(runs, (trace, placement, history, memory) or None, interrupted)``."""
+    Returns ``(runs, (trace, placement, history, memory, group) or None, interrupted)``."""
     import ray
 
     from jigsaw_verl.runtime.scheduler import NAMESPACE, actor_name, get_scheduler
@@ -227,7 +229,7 @@ def _run_group(plan: _GroupPlan, progress, stop: threading.Event) -> tuple[list[
         for name, recipe, extra in zip(plan.names, plan.recipes, plan.appended, strict=True):
             runs.append(_start_pipeline(name, recipe, extra, shims, address, plan.out_dir, progress))
         _watch(runs, scheduler, progress, stop)
-        methods = ("trace", "placement", "history", "memory")
+        methods = ("trace", "placement", "history", "memory", "group")
         artefacts = tuple(ray.get(getattr(scheduler, m).remote()) for m in methods)
     except KeyboardInterrupt:
         interrupted, artefacts = True, None

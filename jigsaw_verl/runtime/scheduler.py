@@ -27,6 +27,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from jigsaw_verl.model.catalogue import GPUSpec
 from jigsaw_verl.model.engine_memory import EngineReservation
 from jigsaw_verl.model.spec import PipelineSpec
+from jigsaw_verl.model.spec_record import spec_record
 from jigsaw_verl.model.topology import PoolTopology
 from jigsaw_verl.runtime.executor import (
     EngineMemoryRefused,
@@ -96,6 +97,7 @@ class MuxScheduler:
         self.node_ids: list[str] = []  # the Ray node of each pool node, once the pool is made
         self.lost_nodes: set[int] = set()
         self._homes: dict[str, list[int]] = {}
+        self._joined: list[dict] = []  # what each pipeline joined with, for a replay of the run (group.json)
         self.t0 = time.monotonic()
         self.watchdog_s = watchdog_s
         self._events: dict[tuple[str, int, str], asyncio.Event] = {}
@@ -134,6 +136,16 @@ class MuxScheduler:
             self.errors[pipeline.name] = str(err)
             raise
         self._homes[pipeline.name] = list(self.executor.home(pipeline.name))
+        self._joined.append(
+            {
+                "spec": spec_record(pipeline),
+                "slots": slots,
+                "offload": offload,
+                "engine": None if engine is None else asdict(engine),
+                "home": self._homes[pipeline.name],
+                "joined_s": self._now(),
+            }
+        )
         if owner is not None:
             self._owners[pipeline.name] = owner
         if self._watchdog is None:
@@ -198,6 +210,18 @@ class MuxScheduler:
     async def placed(self, pipeline: str, workers: list[dict]) -> None:
         """A pipeline reports where its workers went (each: ``placement_group_id``, ``node_id``)."""
         self._placed[pipeline] = list(workers)
+
+    def group(self) -> dict:
+        """What a replay of the run needs (``group.json``, :mod:`.live_replay`): the pool, the slot hardware the
+        policy planned with, the policy, and every pipeline as it joined (planning spec, slots, offload, engine)."""
+        topology = self.executor.topology
+        return {
+            "policy": self.executor.policy_name,
+            "num_slots": topology.num_slots,
+            "slots_per_node": topology.slots_per_node,
+            "slot": spec_record(self.executor.gpu),
+            "pipelines": list(self._joined),
+        }
 
     def placement(self) -> dict:
         """The pool's nodes (each: its Ray node, placement group and slots) and where every pipeline's workers
