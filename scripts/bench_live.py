@@ -22,6 +22,7 @@ alone on the pool), the slots' busy fraction, and the makespan ratios to ``verl-
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from jigsaw_verl.integration.cpu.assets import build_tiny_assets
 from jigsaw_verl.report.live_run import LiveRun, read_live_run
-from jigsaw_verl.report.live_stage_times import alone_times, makespan_bound_s
+from jigsaw_verl.report.live_stage_times import alone_times, makespan_bound_s, shared_home_bound_s
 from jigsaw_verl.runtime.replay_group import predict_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,8 +91,19 @@ def run_config(name: str, steps: int, out: Path, log=print) -> LiveRun:
     wall = time.perf_counter() - started
     if rc != 0:
         raise RuntimeError(f"{name}: jigsaw-verl mux exited {rc}; see {out / 'launcher.log'}")
+    (out / "wall_s.txt").write_text(f"{wall:.3f}\n")
     run = read_live_run(out, POOL_SLOTS, group_size=GROUP_SIZE, batch_prompts=BATCH_PROMPTS, wall_s=wall)
     log(f"bench_live: {name}: makespan {run.makespan_s:.1f} s, wall {wall:.0f} s")
+    return run
+
+
+def reread_config(name: str, out: Path, log=print) -> LiveRun:
+    """A configuration's earlier run, read back from its folder (``--reuse``)."""
+    if not (out / "leases.json").is_file():
+        raise RuntimeError(f"{name}: --reuse: {out / 'leases.json'} is missing (run the benchmark without --reuse)")
+    wall = float((out / "wall_s.txt").read_text()) if (out / "wall_s.txt").is_file() else None
+    run = read_live_run(out, POOL_SLOTS, group_size=GROUP_SIZE, batch_prompts=BATCH_PROMPTS, wall_s=wall)
+    log(f"bench_live: {name}: makespan {run.makespan_s:.1f} s (read back from {out})")
     return run
 
 
@@ -118,13 +130,21 @@ def predicted(folders: dict[str, Path]) -> dict[str, LiveRun]:
     }
 
 
-def bound(folders: dict[str, Path], steps: int) -> float | None:
-    """The round's lower bound on any schedule's steady-state makespan
-    (:func:`~jigsaw_verl.report.live_stage_times.makespan_bound_s`) from both baselines' alone times."""
+def bounds(folders: dict[str, Path], steps: int) -> dict[str, float]:
+    """Per configuration, a lower bound on its steady-state makespan from both baselines' alone times: no schedule
+    beats :func:`~jigsaw_verl.report.live_stage_times.makespan_bound_s` (each pipeline's chain alone on its fastest
+    home, the slot-seconds of work over the pool), and with the configuration's homes the live executor cannot
+    beat :func:`~jigsaw_verl.report.live_stage_times.shared_home_bound_s` (same-home rollouts one at a time)."""
     if not {"verl-split", "verl-seq"} <= set(folders):
-        return None
+        return {}
     widths = {CONFIGS[b][1]: alone_times(folders[b]) for b in ("verl-split", "verl-seq")}
-    return makespan_bound_s(widths, POOL_SLOTS, steps)
+    pool = makespan_bound_s(widths, POOL_SLOTS, steps)
+    found = {}
+    for name, folder in folders.items():
+        joined = json.loads((folder / "group.json").read_text())["pipelines"]
+        homes = {p["spec"]["name"]: tuple(p["home"]) for p in joined}
+        found[name] = max(pool, shared_home_bound_s(widths[CONFIGS[name][1]], homes, steps))
+    return found
 
 
 def _figures(run: LiveRun, alone: LiveRun | None) -> dict[str, float]:
@@ -218,25 +238,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--out", default="out/bench_live", help="folder for each run's files")
     parser.add_argument("--json", default=None, help="write the runs and the summary here")
+    parser.add_argument("--reuse", action="store_true", help="read the runs already in --out instead of running them")
     args = parser.parse_args(argv)
     names = [n for n in args.configs.split(",") if n]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or args.steps < 1 or args.rounds < 1:
         parser.error(f"--configs {args.configs}: known {', '.join(CONFIGS)}; --steps and --rounds must be >= 1")
-    print("bench_live: building the countdown task's assets (once; ~4 min the first time)", flush=True)
-    build_tiny_assets(task="countdown")
+    if not args.reuse:
+        print("bench_live: building the countdown task's assets (once; ~4 min the first time)", flush=True)
+        build_tiny_assets(task="countdown")
     rounds: list[dict[str, LiveRun]] = []
     predictions: list[dict[str, LiveRun]] = []
-    bounds: list[tuple[float, float]] = []  # per round: the makespan bound, and verl-split's makespan over it
+    floors: list[dict[str, float]] = []  # per round and configuration: a lower bound on its makespan
     exact: dict[str, list[bool]] = {}
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]  # round robin: drift spreads over configurations
         folders = {n: Path(args.out) / f"round{r}" / n for n in order}
-        rounds.append({n: run_config(n, args.steps, folders[n]) for n in order})
+        measure = reread_config if args.reuse else functools.partial(run_config, steps=args.steps)
+        rounds.append({n: measure(n, out=folders[n]) for n in order})
         predictions.append(predicted(folders))
-        floor = bound(folders, args.steps)
-        if floor is not None:
-            bounds.append((floor, rounds[-1]["verl-split"].makespan_s / floor))
+        floors.append(bounds(folders, args.steps))
         for name, same in same_as_alone(folders).items():
             exact.setdefault(name, []).append(same)
     summary = summarize(rounds)
@@ -245,12 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     if forecast:
         print("bench_live: the replay's prediction of each configuration (runtime/live_replay.py), beside the run")
         print(prediction_markdown(summary, forecast))
-    if bounds:
-        floor, most = statistics.median(b[0] for b in bounds), statistics.median(b[1] for b in bounds)
-        print(
-            f"bench_live: no schedule's steady-state makespan is below {floor:.1f} s here (each pipeline's chain "
-            f"alone on its fastest home, and the slot-seconds of work over the pool): at most {most:.2f}x verl-split"
-        )
+    for name in floors[0] if floors and all(floors) else ():
+        floor = statistics.median(f[name] for f in floors)
+        most = statistics.median(r["verl-split"].makespan_s / f[name] for r, f in zip(rounds, floors, strict=True))
+        print(f"bench_live: {name}: makespan at least {floor:.1f} s (lower bound), so at most {most:.2f}x verl-split")
     for name, same in exact.items():
         print(
             f"bench_live: {name}: every step's responses and rewards equal verl-seq's (each pipeline alone on the "
@@ -263,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary,
             "predicted": [{n: asdict(run) for n, run in rnd.items()} for rnd in predictions],
             "predicted_summary": forecast,
-            "makespan_bound_s": [b[0] for b in bounds],
+            "makespan_bound_s": floors,
             "same_as_verl_seq": exact,
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

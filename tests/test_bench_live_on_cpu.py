@@ -24,6 +24,10 @@ def _step_leases(folder: Path) -> list[dict]:
     return [s for s in leases if s["step"] >= 0 and s["stage"] in ("rollout", "logprob", "update", "weight_sync")]
 
 
+def figures_of(result: dict, name: str) -> dict:
+    return result["summary"][name]
+
+
 def test_bench_live_smoke_runs_the_baselines_and_jigsaw_live_and_reports_them(tmp_path, capsys):
     out = tmp_path / "bench"
     rc = bench_live.main(
@@ -52,3 +56,13 @@ def test_bench_live_smoke_runs_the_baselines_and_jigsaw_live_and_reports_them(tm
     assert spans[0][1] <= spans[1][0], spans
     # multiplexing changes no response or reward: jigsaw's pipelines equal their verl-seq (alone) runs
     assert result["same_as_verl_seq"] == {"jigsaw": [True]}
+    # the replay predicts every configuration; a baseline replayed from its own leases comes out as it ran
+    assert sorted(result["predicted_summary"]) == sorted(CONFIGS), result["predicted_summary"]
+    for name in ("verl-split", "verl-seq"):
+        guess, real = result["predicted_summary"][name]["makespan_s"][0], figures_of(result, name)["makespan_s"][0]
+        assert abs(guess / real - 1) < 0.15, (name, guess, real)
+    assert "the replay's prediction" in printed and "lower bound" in printed, printed
+    # the bounds hold for the baselines they come from (the multiplexed runs' own stage times vary from the baselines')
+    for name in ("verl-split", "verl-seq"):
+        floor = result["makespan_bound_s"][0][name]
+        assert figures_of(result, name)["makespan_s"][0] >= floor * (1 - 1e-6), (name, floor)

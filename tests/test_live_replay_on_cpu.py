@@ -20,10 +20,12 @@ from jigsaw_verl.report.live_stage_times import (
     AloneTimes,
     alone_times,
     makespan_bound_s,
+    shared_home_bound_s,
     steady_chain_s,
     steady_slot_seconds,
 )
 from jigsaw_verl.runtime.live_replay import LiveReplay, ReplayPipeline, lease_script
+from jigsaw_verl.runtime.replay_group import predict_group, start_ups
 
 TINY = ModelSpec(name="tiny", params=6.45e5, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16)
 STEPS = 3
@@ -164,3 +166,48 @@ def test_no_replayed_schedule_beats_the_makespan_bound():
     runs |= {p: _replay(p, 2, scale=SPEEDUP_ON_TWO) for p in ("verl-seq", "jigsaw", "greedy")}
     for policy, leases in runs.items():
         assert _makespan(leases) >= bound - 1e-6, policy
+
+
+def test_pipelines_on_one_home_roll_out_one_at_a_time_and_the_replay_never_beats_that():
+    times = {n: _times(n, 2, SPEEDUP_ON_TWO) for n in "ab"}
+    floor = shared_home_bound_s(times, {"a": (0, 1), "b": (0, 1)}, STEPS)
+    assert floor == pytest.approx(2 * STEPS * ALONE[ROLLOUT] / SPEEDUP_ON_TWO[ROLLOUT])
+    # on homes of their own nothing serialises them: the bound is one pipeline's rollouts
+    assert shared_home_bound_s(times, {"a": (0,), "b": (1,)}, STEPS) == pytest.approx(floor / 2)
+    for policy in ("jigsaw", "greedy", "verl-seq"):
+        leases = _replay(policy, 2, scale=SPEEDUP_ON_TWO)
+        spans = sorted(
+            (min(s["start_s"] for s in mine), max(s["end_s"] for s in mine))
+            for key in {(s["pipeline"], s["step"]) for s in leases if s["stage"] == ROLLOUT}
+            if (mine := [s for s in leases if s["stage"] == ROLLOUT and (s["pipeline"], s["step"]) == key])
+        )
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:], strict=False)), (policy, spans)
+        assert _makespan(leases) >= floor - 1e-6, policy
+
+
+def test_a_group_replayed_from_its_own_files_comes_out_as_it_ran(tmp_path):
+    leases = _replay("verl-split", 1, homes=((0,), (1,)))
+    history = [{"pipeline": p, "step": k, "stage": ROLLOUT, "finish_offsets_s": [1.0]} for p in "ab" for k in range(3)]
+    joined = [
+        {
+            "spec": spec_record(_spec(n)),
+            "slots": 1,
+            "offload": True,
+            "engine": None,
+            "home": [i],
+            "joined_s": 0.0,
+            "requested_s": {INIT: 0.0, WEIGHT_SYNC: ALONE[INIT] + GAPS[INIT]},
+        }
+        for i, n in enumerate("ab")
+    ]
+    group = {"policy": "verl-split", "num_slots": 2, "slots_per_node": 2, "slot": spec_record(CPU_SLOT)}
+    (tmp_path / "group.json").write_text(json.dumps({**group, "pipelines": joined}))
+    (tmp_path / "leases.json").write_text(json.dumps(leases))
+    (tmp_path / "stage_times.json").write_text(json.dumps(history))
+    assert start_ups(json.loads((tmp_path / "group.json").read_text()), leases) == {
+        n: (pytest.approx(ALONE[INIT]), pytest.approx(GAPS[INIT])) for n in "ab"
+    }
+    run = predict_group(tmp_path, {1: tmp_path}, group_size=4, batch_prompts=8)
+    assert run.makespan_s == pytest.approx(_makespan(leases))
+    with pytest.raises(ValueError, match="no baseline run of 'a' alone on 1 slot"):
+        predict_group(tmp_path, {2: tmp_path}, group_size=4, batch_prompts=8)

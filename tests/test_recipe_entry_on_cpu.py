@@ -207,3 +207,28 @@ def test_steps_follow_verls_rule_over_the_data_files(tmp_path):
     config.data.train_files = "hdfs://x/train.parquet"
     with pytest.raises(JigsawConfigError, match=r"^data.train_files: hdfs://x/train.parquet is not a local file"):
         planned_steps(config)
+
+
+def test_a_group_its_policy_has_no_plan_for_is_refused_before_ray():
+    from jigsaw_verl.model.catalogue import GPUS, MODELS
+    from jigsaw_verl.model.slots import CPU_SLOT
+    from jigsaw_verl.model.spec import LengthDist, PipelineSpec
+    from jigsaw_verl.model.spec_record import spec_record
+    from jigsaw_verl.model.topology import PoolTopology
+    from jigsaw_verl.runtime.recipe_entry import RecipeCheck, group_policy_problem
+
+    lengths = LengthDist(median=64.0, p99=256.0, max=256)
+    specs = [
+        PipelineSpec(name=n, model=MODELS["qwen3-4b"], prompt_len=lengths, response_len=lengths, steps=2)
+        for n in ("a", "b")
+    ]
+    checks = [RecipeCheck(recipe=f"{s.name}.sh", problems=(), spec=spec_record(s)) for s in specs]
+    homes = {"a": (0,), "b": (1,)}
+    pool, h100 = PoolTopology(2, 2), GPUS["H100-80G"]
+    # two 4B jobs on two H100s: the policies plan them
+    assert group_policy_problem(checks, pool, h100, "jigsaw", homes) is None
+    # on 8 GiB slots a 4B job's training state does not fit one slot (a static split has no plan), nor its KV cache
+    problem = group_policy_problem(checks, pool, CPU_SLOT, "verl-split", homes)
+    assert problem is not None and "jigsaw.mux.policy='verl-split' has no configuration" in problem, problem
+    problem = group_policy_problem(checks, pool, CPU_SLOT, "jigsaw", homes)
+    assert problem is not None and "cannot plan these pipelines on cpu-slot slots" in problem, problem

@@ -113,6 +113,7 @@ def test_overrides_and_interpolations():
         ({"enable": 1}, "jigsaw.enable must be true or false, got 1"),
         ({"migration": {"poll_s": "x"}}, "jigsaw.migration.poll_s must be a positive number of seconds, got 'x'"),
         ({"migration": {"poll_s": 0}}, "jigsaw.migration.poll_s must be a positive number of seconds, got 0"),
+        ({"mux": {"sample_poll_s": -1}}, "jigsaw.mux.sample_poll_s must be a positive number of seconds, got -1"),
         ({"migration": {"tail_threshold": "x"}}, "jigsaw.migration.tail_threshold must be an integer >= 1"),
         ({"migration": {"tail_threshold": 0}}, "jigsaw.migration.tail_threshold must be >= 1, got 0"),
         ({"mux": {"group": 3}}, "jigsaw.mux.group must be a name (a string) or null, got 3"),

@@ -148,6 +148,9 @@ class MuxSettings:
         slot_memory_mib: device memory of one pool slot, MiB (> 0), that the group's memory rule plans with and the
             CPU backend's ledger enforces; ``None``: ``gpu``'s memory, on the CPU scaled to the model
             (:func:`~jigsaw_verl.model.slots.sized_slot`).
+        sample_poll_s: seconds (> 0) between the checks of verl's replay buffer for the step's finished samples (its
+            ``poll_interval``, 2 s in verl): the rollout's lease, and the slots under it, end only when a check finds
+            the batch complete.
     """
 
     group: str | None = _key(_name_or_null)
@@ -161,6 +164,7 @@ class MuxSettings:
     pin_cores: bool = _key(_flag)
     gpu: str | None = _key(_gpu)
     slot_memory_mib: float | None = _key(_mib_or_null)
+    sample_poll_s: float = _key(_seconds)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -99,10 +99,10 @@ def alone_times(folder: str | Path) -> dict[str, AloneTimes]:
 
 
 def steady_chain_s(times: AloneTimes, steps: int) -> float:
-    """A pipeline's steady state alone, seconds: from its first rollout's grant to its last update's end, every
-    step's leases and the trainer's work between them (a sync hands over to the next rollout: no gap there)."""
-    gaps = steps * sum(times.gaps.get(s, 0.0) for s in (ROLLOUT, LOGPROB)) + (steps - 1) * times.gaps.get(UPDATE, 0.0)
-    return sum(_steady_leases(times, steps)) + gaps
+    """The least a pipeline's steady state takes, seconds (from its first rollout's grant to its last update's
+    end): every step's leases at their alone times, one after the other (the trainer's work between them, which
+    varies from step to step, is left out, so no run of these stage times is shorter)."""
+    return sum(_steady_leases(times, steps))
 
 
 def steady_slot_seconds(times: AloneTimes, steps: int) -> float:
@@ -128,3 +128,15 @@ def makespan_bound_s(widths: dict[int, dict[str, AloneTimes]], num_slots: int, s
     chain = max(min(steady_chain_s(w[n], steps) for w in widths.values()) for n in names)
     work = sum(min(steady_slot_seconds(w[n], steps) for w in widths.values()) for n in names)
     return max(chain, work / num_slots)
+
+
+def shared_home_bound_s(times: dict[str, AloneTimes], homes: dict[str, tuple[int, ...]], steps: int) -> float:
+    """A lower bound on the steady-state makespan of pipelines living on ``homes`` under the live executor, from
+    their alone times on their own homes: pipelines with the same home never roll out at once (no two rollouts
+    share a slot, a rollout starts on its pipeline's whole home and holds a slot of it until it ends), so their
+    rollouts take at least the sum of their alone times."""
+    by_home: dict[tuple[int, ...], float] = {}
+    for name, home in homes.items():
+        rollouts = sum(times[name].duration(k, ROLLOUT) for k in range(steps))
+        by_home[tuple(home)] = by_home.get(tuple(home), 0.0) + rollouts
+    return max(by_home.values(), default=0.0)

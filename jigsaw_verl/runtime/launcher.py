@@ -43,6 +43,7 @@ from jigsaw_verl.runtime.recipe_entry import (
     group_memory_problem,
     group_overrides,
     group_plan_homes,
+    group_policy_problem,
     recipe_env,
     stop_sessions,
     write_shims,
@@ -199,7 +200,12 @@ def _check_group(plan: _GroupPlan, progress) -> tuple[float, dict[str, tuple[int
             f"mux: {name}: {spec['model']['name']}, {spec['batch_prompts']} prompts x {spec['group_size']}, "
             f"{spec['steps']} steps ({c.steps_how})"
         )
-    return checks[0].slot_memory_bytes, group_plan_homes(checks, plan.topology)
+    homes = group_plan_homes(checks, plan.topology)
+    slot = dataclasses.replace(plan.slot, memory_bytes=checks[0].slot_memory_bytes or plan.slot.memory_bytes)
+    unplanned = group_policy_problem(checks, plan.topology, slot, plan.policy, homes)
+    if unplanned:
+        raise RecipeRefused([f"the group's {len(checks)} pipelines: {unplanned}"])
+    return checks[0].slot_memory_bytes, homes
 
 
 def _run_group(plan: _GroupPlan, progress, stop: threading.Event) -> tuple[list[_Run], tuple | None, bool]:

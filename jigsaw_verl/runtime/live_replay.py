@@ -12,8 +12,10 @@ What each lease takes comes from a baseline run in which the pipeline ran alone 
 (:class:`~jigsaw_verl.report.live_stage_times.AloneTimes`), and the trainer's work between two leases from the same
 run. Leases that share a slot time-share it: on the CPU backend a slot is one pinned core (two processes on one
 core each get half of it), so a lease runs at ``1 / n`` of its alone speed while ``n`` leases hold its busiest slot.
-What it does not model: rollout migrations (no replica reports reach the executor), the start-up before a pipeline
-joins (its join time is an input), and helper processes outside the slots.
+A pipeline's start-up (when it joined, what its start-up lease took, the trainer's work until it asked for its
+first sync) is an input: the replayed run's own, where given, so the replay predicts the steady state that
+follows. What it does not model: rollout migrations (no replica reports reach the executor) and helper processes
+outside the slots.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class ReplayPipeline:
         offload: whether its training state leaves the devices between leases.
         engine: what its rollout engine reserves on each home slot.
         home: where it lives (``None``: the executor's rule picks).
+        start_up: its start-up lease's seconds and the trainer's work from its end to the first sync's request, as
+            the replayed run itself measured them (``None``: from ``times``).
     """
 
     spec: PipelineSpec
@@ -55,6 +59,19 @@ class ReplayPipeline:
     offload: bool = True
     engine: EngineReservation | None = None
     home: tuple[int, ...] | None = None
+    start_up: tuple[float, float] | None = None
+
+    def lease_s(self, step: int, stage: str) -> float:
+        """What the lease takes alone, seconds."""
+        if stage == INIT and self.start_up is not None:
+            return self.start_up[0]
+        return self.times.duration(step, stage)
+
+    def gap_s(self, stage: str) -> float:
+        """The trainer's work from the end of a lease of ``stage`` to its next request, seconds."""
+        if stage == INIT and self.start_up is not None:
+            return self.start_up[1]
+        return self.times.gaps.get(stage, 0.0)
 
 
 def lease_script(steps: int) -> list[tuple[str, int, str]]:
@@ -175,7 +192,7 @@ class LiveReplay:
         if r.at >= len(r.script):
             grants += self.executor.leave(r.name, self.now)
         else:
-            self._due(self.now + r.pipe.times.gaps.get(stage, 0.0), r.name)
+            self._due(self.now + r.pipe.gap_s(stage), r.name)
         self._granted(grants)
 
     def _offsets(self, r: _Runner, step: int) -> tuple[float, ...]:
@@ -188,7 +205,7 @@ class LiveReplay:
         for g in grants:
             r = self.runners[g.pipeline]
             r.held, r.grant = (g.step, g.stage), g
-            r.left_s = r.pipe.times.duration(g.step, g.stage)
+            r.left_s = r.pipe.lease_s(g.step, g.stage)
 
     def _result(self) -> ReplayResult:
         stuck = [r.name for r in self.runners.values() if r.at < len(r.script) or r.held is not None]

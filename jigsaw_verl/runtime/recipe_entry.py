@@ -26,9 +26,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jigsaw_verl.model.catalogue import GPUSpec
 from jigsaw_verl.model.engine_memory import EngineReservation
+from jigsaw_verl.model.spec import ClusterSpec, WorkloadSpec
+from jigsaw_verl.model.spec_record import pipeline_from_record
 from jigsaw_verl.model.topology import PoolTopology
 from jigsaw_verl.pool.homes import group_homes, group_memory_refusal
+from jigsaw_verl.runtime.leases import PolicyRefused
+from jigsaw_verl.runtime.live_policy import live_policy_factory
 
 # the entry point's check mode: a path it writes its verdict to (and then exits, before Ray)
 CHECK_ENV = "JIGSAW_VERL_CHECK"
@@ -215,3 +220,23 @@ def _session_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def group_policy_problem(
+    checks: list[RecipeCheck], topology: PoolTopology, slot: GPUSpec, policy: str, homes: dict[str, tuple[int, ...]]
+) -> str | None:
+    """Whether the group's policy has a plan for all its pipelines, built as the live executor will build it once
+    they have joined (in pool order, on the slot memory the group plans with): a policy with no configuration for
+    them (``verl-split`` where a pipeline's training state does not fit its slice) is one line here, before Ray,
+    not a refusal when the last one joins. ``None``: it has."""
+    specs = [pipeline_from_record(c.spec) for c in checks]
+    order = sorted(range(len(specs)), key=lambda i: (homes.get(specs[i].name, ()), i))
+    cluster = ClusterSpec(gpu=slot, num_gpus=topology.num_slots, gpus_per_node=topology.slots_per_node)
+    workload = WorkloadSpec(name="live", seed=0, cluster=cluster, pipelines=tuple(specs[i] for i in order))
+    try:
+        live_policy_factory(policy)(workload)
+    except PolicyRefused as err:
+        return str(err)
+    except ValueError as err:  # the policy's cost model cannot place them (a model whose KV does not fit, ...)
+        return f"jigsaw.mux.policy={policy!r} cannot plan these pipelines on {slot.name} slots: {err}"
+    return None

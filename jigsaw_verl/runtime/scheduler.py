@@ -98,6 +98,7 @@ class MuxScheduler:
         self.lost_nodes: set[int] = set()
         self._homes: dict[str, list[int]] = {}
         self._joined: list[dict] = []  # what each pipeline joined with, for a replay of the run (group.json)
+        self._start_up: dict[str, dict[str, float]] = {}  # pipeline -> stage -> when it asked for it (step -1)
         self.t0 = time.monotonic()
         self.watchdog_s = watchdog_s
         self._events: dict[tuple[str, int, str], asyncio.Event] = {}
@@ -213,14 +214,15 @@ class MuxScheduler:
 
     def group(self) -> dict:
         """What a replay of the run needs (``group.json``, :mod:`.live_replay`): the pool, the slot hardware the
-        policy planned with, the policy, and every pipeline as it joined (planning spec, slots, offload, engine)."""
+        policy planned with, the policy, and every pipeline as it joined (planning spec, slots, offload, engine,
+        home, when) with when it asked for its start-up and first sync (``requested_s``)."""
         topology = self.executor.topology
         return {
             "policy": self.executor.policy_name,
             "num_slots": topology.num_slots,
             "slots_per_node": topology.slots_per_node,
             "slot": spec_record(self.executor.gpu),
-            "pipelines": list(self._joined),
+            "pipelines": [{**j, "requested_s": self._start_up.get(j["spec"]["name"], {})} for j in self._joined],
         }
 
     def placement(self) -> dict:
@@ -243,6 +245,8 @@ class MuxScheduler:
 
     async def acquire(self, pipeline: str, step: int, stage: str) -> dict:
         """Wait until ``stage`` of ``step`` is granted; return the grant."""
+        if step < 0:  # start-up and the first sync: when they were asked for (group.json), not only granted
+            self._start_up.setdefault(pipeline, {})[stage] = self._now()
         self._deliver(self.executor.request(pipeline, step, stage, self._now()))
         return await self._granted(pipeline, step, stage)
 

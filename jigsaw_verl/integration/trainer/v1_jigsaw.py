@@ -15,17 +15,19 @@ where they went and hands them to a :class:`~jigsaw_verl.integration.residency.L
 (``jigsaw.mux.offload``), which moves the training state on and off the devices with each lease. Every stage then runs
 under a lease from the group's live scheduler (:class:`~jigsaw_verl.integration.lease_client.StageLeases`), and the
 rollout engines are awake inside leases only (they hold their whole ``gpu_memory_utilization`` reservation then):
-start-up from joining to ``on_init_end`` (a lease outside the step graph, alone on the pipeline's slots; verl
-sleeps the replicas at its end and the first sync is the first rollout's); from ``on_step_begin`` the previous
+start-up from joining to ``on_train_begin`` (a lease outside the step graph, alone on the pipeline's slots, that
+also covers the agent-loop workers verl starts after ``init()``; verl sleeps the replicas at the end of ``init()``
+and the first sync is the first rollout's); from ``on_step_begin`` the previous
 step's weight sync (verl's ``update_weights``, which wakes the replicas), whose lease hands over at once to the
 rollout until ``on_sample_end`` (after verl sleeps the replicas; it reports when each response finished); log-prob
 (reward, old/ref log-prob, values, advantage) until ``_compute_advantage`` returns; update (critic and actor,
 checkpoint) until ``on_step_end``; each validation (``on_validate_begin`` to ``on_validate_end``) under a lease
 of its own with its own sync, the replicas put to sleep at its end. The pipeline leaves the group when ``fit``
-returns or raises. Each step logs ``jigsaw/lease_wait_s/<stage>`` and the residency's
-``jigsaw/onload_s`` / ``jigsaw/offload_s``.
-The load balancer is :class:`~jigsaw_verl.integration.rollout.load_balancer.MigratingLoadBalancer`, selected through
-verl's ``actor_rollout_ref.rollout.router_config_path`` (``jigsaw_verl.main_ppo`` sets both).
+returns or raises. In a group verl's replay buffer looks for the step's finished samples every
+``jigsaw.mux.sample_poll_s`` (``_build_replay_buffer``), not every 2 s. Each step logs
+``jigsaw/lease_wait_s/<stage>`` and the residency's ``jigsaw/onload_s`` / ``jigsaw/offload_s``. The load balancer is
+:class:`~jigsaw_verl.integration.rollout.load_balancer.MigratingLoadBalancer`, selected through verl's
+``actor_rollout_ref.rollout.router_config_path`` (``jigsaw_verl.main_ppo`` sets both).
 """
 
 from __future__ import annotations
@@ -102,7 +104,23 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
             leases.residency = LeaseResidency(groups)
             # the pipeline starts with its training state off the devices; its first lease brings it
             leases.residency.offload(UPDATE)
-        leases.end()
+
+    def on_train_begin(self):
+        super().on_train_begin()
+        leases = self._leases()
+        if leases is not None and leases.current == (-1, INIT):
+            # start-up ends here, not at on_init_end: verl starts its agent-loop workers after init() (main_ppo.py,
+            # init_agent_loop_manager), processes whose start-up would otherwise run beside other pipelines' stages
+            leases.end()
+
+    def _build_replay_buffer(self):
+        """verl's replay buffer, checked for the step's finished samples every ``jigsaw.mux.sample_poll_s`` in a
+        group (verl polls every 2 s, ``poll_interval`` of ``verl/trainer/ppo/v1/replay_buffer.py``; the rollout's
+        lease ends only when a check finds the batch complete)."""
+        buffer = super()._build_replay_buffer()
+        if self.jigsaw_settings.enable and hasattr(buffer, "poll_interval"):
+            buffer.poll_interval = self.jigsaw_settings.mux.sample_poll_s
+        return buffer
 
     def on_validate_begin(self):
         super().on_validate_begin()
