@@ -37,6 +37,7 @@ import time
 from functools import cached_property
 
 import ray
+import torch
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
@@ -44,6 +45,7 @@ from jigsaw_verl.integration.rollout.client import MigratingLLMServerClient
 from jigsaw_verl.integration.rollout.migrator import RolloutMigrator
 from jigsaw_verl.integration.rollout.tail_monitor import TailMonitor, TailPolicy, freed_replica_seconds
 from jigsaw_verl.integration.settings import JigsawSettings
+from jigsaw_verl.integration.trainer.canonical_order import canonical_order
 from jigsaw_verl.model.graph import INIT, LOGPROB, ROLLOUT, UPDATE, VALIDATE, WEIGHT_SYNC
 
 TRAINER_MODE = "jigsaw"
@@ -168,19 +170,31 @@ class JigsawPPOTrainerV1(PPOTrainerSync):
             leases.handover(self.global_steps - 1, ROLLOUT)
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
-        """Put the step's samples in a canonical order (by prompt tokens, then response tokens) before verl balances
-        them over the data-parallel ranks. verl orders them by when each response finished, which varies from run
-        to run (and with what else runs on the pool); the sample keys do not fix it either (which of a prompt's
-        ``n`` samples gets which response varies). Training would then sum the same gradients in another order.
-        With this, a step's update depends only on its samples' content."""
+        """Put the step's samples in a canonical order (:mod:`.canonical_order`: by prompt, group content,
+        response) before verl balances them over the data-parallel ranks, so a step's update depends only on its
+        samples' content, not on when each response finished."""
         import transfer_queue as tq
 
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses"])
         prompts = data["prompts"].to_padded_tensor(padding=-1).tolist()
         responses = data["responses"].to_padded_tensor(padding=-1).tolist()
-        order = sorted(range(len(batch.keys)), key=lambda i: (prompts[i], responses[i], batch.keys[i]))
-        batch.reorder(order)
+        batch.reorder(canonical_order(list(batch.keys), prompts, responses))
         return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+
+    def _fetch_one_gen_batch(self):
+        """verl's chunk of prompts; under ``rollout.full_determinism`` each prompt gets its own ``priority`` (its
+        position among the prompts this run fetched), which verl's single-turn agent loop turns into the request
+        id ``det-<priority>`` (``verl/experimental/agent_loop/single_turn_agent_loop.py``). verl leaves it 0, so
+        every request of a step is ``det-0``: the router sends them all to one replica, and a server that seeds
+        by request id can only tell a prompt's samples apart by arrival order (the same prompt text drawn twice
+        then swaps samples between its two groups). With a per-prompt id the ``n`` samples of one prompt stay
+        together and the prompts spread over the replicas."""
+        batch = super()._fetch_one_gen_batch()
+        if self.config.actor_rollout_ref.rollout.get("full_determinism", False) and "priority" not in batch.keys():
+            start = getattr(self, "_jigsaw_prompts_fetched", 0)
+            self._jigsaw_prompts_fetched = start + len(batch)
+            batch["priority"] = torch.arange(start, start + len(batch), dtype=torch.int64)
+        return batch
 
     def _compute_advantage(self, batch, metrics):
         batch = super()._compute_advantage(batch, metrics)
