@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from jigsaw_verl.model.graph import INIT, LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
-
-# the first weight sync: step -1, outside the step graph (its lease hands over to the first rollout)
-FIRST_SYNC_STEP = -1
+from jigsaw_verl.model.graph import LOGPROB, ROLLOUT, UPDATE, WEIGHT_SYNC
 
 
 @dataclass(frozen=True)
@@ -31,8 +28,10 @@ class AloneTimes:
         slots: the slots its home had.
         durations: ``(step, stage)`` -> seconds the lease took (``(-1, "init")`` start-up, ``(-1, "weight_sync")``
             the first sync).
-        gaps: stage -> median seconds from the end of a lease of that stage to the pipeline's next request
-            (the trainer's work outside leases; a lease that hands over has none).
+        gaps: stage -> median seconds from the end of a lease of that stage to the pipeline's next lease (the
+            trainer's work outside leases; a lease that hands over has none). After start-up it may hold a wait
+            for another pipeline too: :func:`~jigsaw_verl.runtime.replay_group.same_start_up_gap` takes the
+            shortest.
         finish_offsets: rollout step -> when each response finished, seconds after the rollout's grant.
     """
 
@@ -92,10 +91,7 @@ def alone_times(folder: str | Path) -> dict[str, AloneTimes]:
             gaps={stage: statistics.median(v) for stage, v in gaps.items()},
             finish_offsets=offsets,
         )
-    # after start-up a pipeline's first sync may have waited for another (verl-seq holds the second): the shortest
-    # such gap of the run is the trainer's own work there
-    init_gap = min((t.gaps[INIT] for t in found.values() if INIT in t.gaps), default=0.0)
-    return {n: replace(t, gaps={**t.gaps, INIT: init_gap}) for n, t in found.items()}
+    return found
 
 
 def steady_chain_s(times: AloneTimes, steps: int) -> float:
