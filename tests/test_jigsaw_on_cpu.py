@@ -448,3 +448,19 @@ def test_an_overlapping_rollouts_draining_replicas_are_merged_apart_from_its_new
     plan = plans[1]
     assert plan is not None and set(plan.action.sources) | set(plan.action.targets) == {24, 25}
     assert plans[2] is None
+
+
+def test_an_async_pipelines_concurrent_rollouts_split_its_share_of_the_pool():
+    """An async pipeline runs up to ``max_staleness + 1`` steps' rollouts at once, each on replicas of its own, so
+    each gets its fair share over that many (a narrow rollout costs far fewer GPU-seconds, and an async pipeline's
+    throughput is its GPU-seconds); a sync one gets the whole share. On 8 idle GPUs with two pipelines: a sync
+    rollout takes 4, a staleness-1 rollout 2, a staleness-3 rollout one replica."""
+    widths = {}
+    for mode, staleness in (("sync", 0), ("async", 1), ("async", 3)):
+        extra = {"mode": mode, "max_staleness": staleness} if mode == "async" else {}
+        pipes = [tiny_pipeline(n, **extra) for n in "ab"]
+        w = workload_from_dict(tiny_workload_dict(num_gpus=8, pipelines=pipes), "t")
+        snap = _idle_pool_snapshot("ab")
+        plan = LookAheadPolicy(w, JigsawKnobs(), name="greedy").schedule(snap).actions
+        widths[(mode, staleness)] = sorted(len(a.gpus) for a in plan)
+    assert widths == {("sync", 0): [4, 4], ("async", 1): [2, 2], ("async", 3): [1, 1]}

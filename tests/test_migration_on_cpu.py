@@ -447,3 +447,30 @@ def test_the_groups_migration_order_runs_through_the_tail_monitor(ray_session, p
     assert seen_context and all(c > 0 for c in seen_context)  # the live context each replica held, reported
     assert [(g.pipeline, g.stage, g.gpus) for g in granted] == [("b", "rollout", (0,))]
     assert ex.pipes["a"].running[(0, "rollout")].gpus == (1,)
+
+
+def test_a_cut_attempts_release_after_its_resumed_acquire_does_not_count_as_a_finish():
+    """verl's client sends a release without waiting for it, and the balancer (an async Ray actor) may run the
+    resumed attempt's acquire first: the cut attempt is known by the server it was moved off, so it never counts
+    as a finish, in either order; a request sharing its id on another server still does (once seen as 33
+    finishes for 32 responses in a loaded mux run). Real balancer class, called in process, in both orders."""
+    from jigsaw_verl.integration.rollout.load_balancer import MigratingLoadBalancer
+
+    counts = {}
+    for resumed_first in (False, True):
+        lb = MigratingLoadBalancer({"r0": "handle-0", "r1": "handle-1"})
+        for rid, server in (("p", "r0"), ("p", "r1")):  # two samples of one prompt (one id), one per server
+            lb._request_id_to_server[rid] = server
+            assert lb.acquire_server(rid, server_request_id=rid, context_tokens=8)[0] == server
+        lb._request_id_to_server.pop("p")
+        assert lb.plan_migration(["r0"], ["r1"], requests=["p"])["moved"] == [["r0", "p", "p"]]
+        if resumed_first:
+            assert lb.acquire_server("p", server_request_id="p", context_tokens=9)[0] == "r1"
+            lb.release_server("r0", request_id="p")
+        else:
+            lb.release_server("r0", request_id="p")
+            assert lb.acquire_server("p", server_request_id="p", context_tokens=9)[0] == "r1"
+        lb.release_server("r1", request_id="p")  # the sample that never moved
+        lb.release_server("r1", request_id="p")  # the resumed attempt
+        counts[resumed_first] = len(asyncio.run(lb.take_finish_times(settle_s=0.0)))
+    assert counts == {False: 2, True: 2}

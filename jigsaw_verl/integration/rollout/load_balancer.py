@@ -46,6 +46,8 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
         self.redirected_requests = 0
         self.redirected_context_tokens = 0
         self._finished: list[float] = []  # wall times of releases that ended a request (not a migrated attempt)
+        # (source server, request id) -> attempts a migration cut short there, whose releases are still to come
+        self._cut: dict[tuple[str, str], int] = {}
 
     # ---- routing ---------------------------------------------------------------------------------------------
     def require_acquire_fields(self) -> list[str]:
@@ -78,7 +80,13 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
             if rid == request_id:
                 del live[i]
                 break
-        if request_id not in self._redirect:  # an attempt cut short by a migration resumes; it did not finish
+        # NOTE: an attempt a migration cut short resumes on a target: it did not finish. It is known by the server
+        # it ran on, not by a pending redirect: verl sends this release without waiting, and an async actor may
+        # run the resumed attempt's acquire (which takes the redirect) first.
+        cut = self._cut.get((server_id, request_id), 0)
+        if cut:
+            self._cut[(server_id, request_id)] = cut - 1
+        else:
             self._finished.append(time.time())
 
     def clear_sticky_cache(self) -> dict:
@@ -129,8 +137,9 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
                 shared = {sid for rid, sid in live if rid in wanted and sid is not None}
                 picked = [(rid, sid) for rid, sid in live if rid in wanted or sid in shared]
             moved += [[s, rid, sid] for rid, sid in picked]
-        for _, rid, _ in moved:
+        for s, rid, _ in moved:
             self._redirect[rid] = tuple(targets)
+            self._cut[(s, rid)] = self._cut.get((s, rid), 0) + 1
             self._request_id_to_server.pop(rid, None)
         parked = wanted is None
         if parked:
@@ -154,10 +163,8 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
         return {sid: (len(live), sum(ctx for _, _, ctx in live)) for sid, live in self._live.items()}
 
     async def take_finish_times(self, settle_s: float = 5.0) -> list[float]:
-        """Wall times at which requests finished since the previous call, sorted; clears them. A release while the
-        request has a migration redirect pending is its aborted attempt and does not count. (verl's single-turn
-        loop under full determinism gives every request the same id; then a request finishing on another
-        replica while a migration is pending is not counted either.)
+        """Wall times at which requests finished since the previous call, sorted; clears them. The release of an
+        attempt a migration cut short (from the server it was moved off, whenever it arrives) does not count.
 
         verl's client sends its release without waiting for it, so a caller that has seen every request return may
         ask before the last releases arrive: this waits, up to ``settle_s``, until no request is live."""
@@ -166,6 +173,8 @@ class MigratingLoadBalancer(GlobalRequestLoadBalancer):
             await asyncio.sleep(0.01)
         out = sorted(self._finished)
         self._finished = []
+        if not any(self._live.values()):  # nothing live: no cut attempt's release is still to come
+            self._cut.clear()
         return out
 
     def migration_counters(self) -> dict[str, int]:
