@@ -33,8 +33,10 @@ def _mode(spec: PipelineSpec) -> ExecutionMode:
     """A sync pipeline runs on-policy, stage by stage, as the live runtime runs it: verl's synchronous trainer with
     its hybrid engine, whose weight sync reshards in place and wakes the slept engine every step (``colocated``:
     the switch is charged, as verl's own is). An async one uses the staleness it declares as AReaL does: step k's
-    requests join replicas still generating step k - 1 once version k - ``max_staleness`` exists, new weights
-    interrupt live requests, which re-prefill and go on, and the sync broadcasts to the rollout replicas."""
+    rollout may start while step k - 1 still generates, once version k - ``max_staleness`` exists (the mode lets it
+    join those replicas; this policy starts each step on free GPUs of its own, see
+    :meth:`~jigsaw_verl.policy.jigsaw.planning.PlanningModel.rollout_cap`), new weights interrupt live requests,
+    which re-prefill and go on, and the sync broadcasts to the rollout replicas."""
     if spec.mode != "async":
         return ExecutionMode(staleness=0, colocated=True)
     return ExecutionMode(staleness=spec.max_staleness, overlap_rollouts=True, interrupt_on_update=True, colocated=False)
