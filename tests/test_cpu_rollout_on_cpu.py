@@ -163,8 +163,27 @@ def test_text_only(assets, prompts):
         asyncio.run(s.generate(prompts[0], dict(GREEDY), "img", image_data=[torch.zeros(1)]))
 
 
+def test_a_sampled_request_resumed_with_its_seed_continues_the_same_stream(assets, prompts):
+    """Draws are counter-based (seed, context position): a request cut after 5 tokens and resumed elsewhere as
+    prompt + those tokens with the same seed samples the tokens it would have sampled uncut."""
+    from jigsaw_verl.integration.cpu.rollout.engine import CPUGenerationEngine, Sequence
+
+    engine = CPUGenerationEngine(_server(assets).model, eos_token_ids=set())
+
+    def sample(prompt: list[int], n: int, seed: int) -> list[int]:
+        seq = Sequence("s", list(prompt), n, temperature=1.0, seed=seed)
+        for _ in range(n):
+            engine.step([seq])
+        return seq.token_ids
+
+    whole = sample(prompts[0], 12, seed=3)
+    head = sample(prompts[0], 5, seed=3)
+    assert head + sample(prompts[0] + head, 7, seed=3) == whole
+    assert len({tuple(sample(prompts[0], 12, seed=s)) for s in range(4)}) > 1  # the seed does choose the stream
+
+
 def test_a_sequences_log_probs_do_not_depend_on_its_neighbours_to_the_last_bit(assets, prompts):
-    """Sampling draws from each request's own generator, so a sequence's tokens stay the same however requests
+    """Sampling draws from each request's own seed, so a sequence's tokens stay the same however requests
     are batched only if its logits do, bit for bit: beside longer or shorter neighbours (which a padded batch would
     make it attend past) its log-probs equal those it gets alone."""
     from jigsaw_verl.integration.cpu.rollout.engine import CPUGenerationEngine, Sequence

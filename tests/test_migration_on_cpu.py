@@ -38,12 +38,16 @@ def pool(ray_session):
     servers.stop()
 
 
-def test_greedy_tokens_identical_with_a_migration_midway(ray_session, pool, prompts):
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "seed": 11}], ids=["greedy", "seeded-sample"])
+def test_tokens_identical_with_a_migration_midway(ray_session, pool, prompts, sampling):
+    """A migrated request is one continuous response, token for token: greedy, and sampled with a seed (the CPU
+    server's draws are counter-based, so the resume continues the stream; vLLM would restart it)."""
+
     async def go():
         first = rollout_over(ray_session, named(pool.servers(tiny_model(), 2)))
-        plain = await generate_all(first.client, prompts)
+        plain = await generate_all(first.client, prompts, **sampling)
         ro = first.again()
-        task = asyncio.create_task(generate_all(ro.client, prompts))
+        task = asyncio.create_task(generate_all(ro.client, prompts, **sampling))
         await ro.until_tokens(["r1"], 2 * 16)
         report = await ro.migrator.migrate(["r1"])
         moved = await task

@@ -7,7 +7,11 @@ answer into a resubmission of prompt + tokens so far and joins the pieces into o
   uuid, or the caller's id under ``full_determinism``) and the context length, so a migration can abort chosen
   requests on any backend and count what the targets re-prefill;
 - a dead server counts as an ``aborted`` attempt with no new tokens: the balancer drops replicas that no longer
-  answer and the request resumes elsewhere from the tokens it had, so the fault path is the migration path.
+  answer and the request resumes elsewhere from the tokens it had, so the fault path is the migration path;
+- a cut attempt's sampling seed goes on to the resumed attempt: where the server reports the seed it sampled with
+  (``extra_fields["sampling_seed"]``: the CPU server does, whose draws are counter-based, so the resumed request
+  continues the same stream), the resume asks for it. vLLM and SGLang report none, so there a migrated sampled
+  request continues with fresh draws (a seeded vLLM request restarts its stream at a resume), as it does in verl.
 """
 
 from __future__ import annotations
@@ -42,11 +46,18 @@ class _MigratableAttempt(LLMServerClient):
 
     async def generate(self, request_id, **kwargs) -> TokenOutput:
         try:
-            return await super().generate(request_id, **kwargs)
+            output = await super().generate(request_id, **kwargs)
         except RayActorError as err:
             dropped = await self._load_balancer.drop_dead_servers.remote()
             logger.warning("rollout replica died during request %s (%s); dropped %s", request_id, err, dropped)
             return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted", extra_fields={})
+        seed = (output.extra_fields or {}).get("sampling_seed")
+        params = kwargs.get("sampling_params")
+        if output.stop_reason == "aborted" and seed is not None and params is not None:
+            # verl's resume loop (FullyAsyncLLMServerClient.generate) copies the caller's params once and passes
+            # that one dict to every attempt of the request: the seed reaches the next attempt, not the caller
+            params.setdefault("seed", seed)
+        return output
 
 
 class MigratingLLMServerClient(FullyAsyncLLMServerClient, _MigratableAttempt):

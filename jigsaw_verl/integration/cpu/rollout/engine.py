@@ -4,8 +4,10 @@ Every :meth:`CPUGenerationEngine.step` runs one decode step for all live sequenc
 the batch at the next step and finished ones leave it (continuous batching). The step recomputes each
 sequence's full context instead of keeping a KV cache (the tiny CPU models make that cheap), one forward pass per
 group of equal context length, without padding: a sequence's logits then do not depend on its neighbours, so
-decoding gives the same text however requests are batched, aborted or resumed. Sampling draws from a per-request
-generator, seeded from the request when the caller asks for determinism.
+decoding gives the same text however requests are batched, aborted or resumed. Sampling is counter-based: the token
+at context position p of a request with seed s is drawn from a generator seeded by (s, p), so a request resumed as
+prompt + tokens so far with the same seed continues the very stream it was cut from (vLLM, by contrast, restarts a
+seeded request's stream at a resume).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class Sequence:
         top_p: nucleus mass.
         top_k: -1 or 0 means no top-k.
         ignore_eos: keep generating past end tokens until ``max_tokens``.
-        generator: per-request random generator (sampling only).
+        seed: the request's sampling seed; token p of its context is drawn with seed (seed, p) (sampling only).
         token_ids: tokens generated here.
         log_probs: log-probability of each generated token under the (temperature-scaled) distribution.
         finished: why it stopped, once it has: ``completed`` or ``aborted``.
@@ -41,7 +43,7 @@ class Sequence:
     top_p: float = 1.0
     top_k: int = -1
     ignore_eos: bool = False
-    generator: torch.Generator | None = None
+    seed: int | None = None
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     finished: str | None = None
@@ -107,5 +109,7 @@ class CPUGenerationEngine:
             drop = cum - probs[order] > s.top_p
             keep[order[drop]] = False
         filtered = torch.where(keep, probs, torch.zeros_like(probs))
-        token = int(torch.multinomial(filtered / filtered.sum(), 1, generator=s.generator))
+        position = len(s.prompt_ids) + len(s.token_ids)
+        generator = torch.Generator().manual_seed(request_seed(s.seed, position))
+        token = int(torch.multinomial(filtered / filtered.sum(), 1, generator=generator))
         return token, float(logp[token])

@@ -143,25 +143,26 @@ class CPURolloutServer:
             ignore_eos=bool(params.get("ignore_eos", False)),
         )
         if temperature > 0:
-            seed = params.get("seed")
-            if seed is None and self.deterministic:
-                # Under full determinism verl routes by request id, but its ids do not tell the n samples of a
-                # prompt apart (often not even different prompts). Seed by step, id, prompt and the occurrence
-                # of that prompt: the samples of a prompt differ, and arrival order between prompts is moot.
-                key = (self.global_steps, request_id, hashlib.sha256(repr(list(prompt_ids)).encode()).hexdigest())
-                self._occurrences[key] = self._occurrences.get(key, 0) + 1
-                seed = request_seed(self.seed, *key, self._occurrences[key])
-            seq.generator = (
-                torch.Generator().manual_seed(int(seed))
-                if seed is not None
-                else torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=self._rng)))
-            )
+            seq.seed = self._sampling_seed(params.get("seed"), request_id, prompt_ids)
         future = asyncio.get_running_loop().create_future()
         self._waiting.append((seq, future))
         self.stats_requests += 1
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run())
         return await future
+
+    def _sampling_seed(self, seed: Any, request_id: str, prompt_ids: list[int]) -> int:
+        """The caller's seed; under full determinism one derived from the request; otherwise a fresh one."""
+        if seed is not None:
+            return int(seed)
+        if self.deterministic:
+            # Under full determinism verl routes by request id, but its ids do not tell the n samples of a prompt
+            # apart (often not even different prompts). Seed by step, id, prompt and the occurrence of that prompt:
+            # the samples of a prompt differ, and arrival order between prompts is moot.
+            key = (self.global_steps, request_id, hashlib.sha256(repr(list(prompt_ids)).encode()).hexdigest())
+            self._occurrences[key] = self._occurrences.get(key, 0) + 1
+            return request_seed(self.seed, *key, self._occurrences[key])
+        return int(torch.randint(0, 2**62, (1,), generator=self._rng))
 
     def _extra(self) -> dict:
         return {"global_steps": self.global_steps}
@@ -172,7 +173,8 @@ class CPURolloutServer:
             log_probs=list(seq.log_probs),
             stop_reason=seq.finished,
             num_preempted=0,
-            extra_fields=self._extra(),
+            # the seed it sampled with: a client resuming it passes this back, so the stream goes on (see engine)
+            extra_fields={**self._extra(), "sampling_seed": seq.seed},
         )
 
     async def _run(self) -> None:
