@@ -182,6 +182,15 @@ def test_migration_planner_prices_the_merge():
     assert plan.reprefill_s > 0 and plan.slowdown >= 1 and plan.freed_gpu_s == 10.0
     busy = [ReplicaView(**{**r.__dict__, "queued": 3}) for r in reps]
     assert plan_migration(spec, cost, busy, [5.0] * 4, tail_live_per_replica=2, max_live_per_target=2) is None
+    # idle replicas of a hybrid-engine rollout hold their GPUs until it ends (5 s): freeing them moves nothing
+    two = [ReplicaView(**{**r.__dict__, "live": 2}) for r in reps[:2]]
+    idle = [ReplicaView(**{**r.__dict__, "live": 0, "context_tokens": 0}) for r in reps[2:]]
+    plan = plan_migration(spec, cost, two + idle, [5.0] * 4, tail_live_per_replica=2, max_live_per_target=2)
+    assert plan.moved_requests == 0 and plan.reprefill_s == 0 and plan.freed_gpus == (2, 3)
+    assert plan.freed_gpu_s == 10.0 and plan.delay_s == 0 and plan.worth_it()
+    # idle replicas that would free themselves now (not held) are not worth an action
+    assert plan_migration(spec, cost, two + idle, [5.0, 5.0, 0.0, 0.0], tail_live_per_replica=2,
+                          max_live_per_target=2) is None  # fmt: skip
 
 
 def test_interference_table_file_round_trip(tmp_path):

@@ -7,7 +7,7 @@ from conftest import tiny_pipeline, tiny_workload_dict
 from schedule_checks import check_all
 
 from jigsaw_verl.model.spec import workload_from_dict
-from jigsaw_verl.policy.interface import EXECUTION_FEATURES, features_of
+from jigsaw_verl.policy.interface import EXECUTION_FEATURES, Migrate, SchedulerOutput, features_of
 from jigsaw_verl.policy.registry import BASELINES, POLICIES, policies_needing_at_most
 from jigsaw_verl.sim.simulator import Simulator
 from jigsaw_verl.sim.split_search import fastest_split_pruned
@@ -120,3 +120,55 @@ def test_a_policy_that_acts_only_on_ready_stages_is_not_asked_without_any():
     assert results[0].slices == results[1].slices
     elastic = tiny_workload_dict(pipelines=[tiny_pipeline("a", rollout_elastic_tp=2), tiny_pipeline("b")])
     assert not LookAheadPolicy(workload_from_dict(elastic, "e"), JigsawKnobs(), name="jigsaw").acts_only_on_ready
+
+
+class _FreeIdleReplicas:
+    """Greedy on one pipeline that records, at every decision during its rollouts, whether the GPUs of its idle
+    replicas (nothing live or queued) are free; with ``release`` it names them the sources of a ``Migrate`` onto a
+    busy replica of the same rollout (as the jigsaw policy may) and records whether their GPUs are free after."""
+
+    detailed_snapshot = True
+
+    def __init__(self, w, release: bool):
+        (self.inner,) = configurations("greedy", w)
+        self.name, self.config, self.release = "idle-probe", "test", release
+        self.idle_free: list[bool] = []  # per decision with idle and busy replicas: their GPUs free
+        self.freed_free: list[bool] = []  # per decision after a release, while the rollout runs: those GPUs free
+        self.freed: set[int] = set()
+
+    def mode(self, pipeline):
+        return self.inner.mode(pipeline)
+
+    def schedule(self, snap):
+        busy = [r for r in snap.replicas if r.live > 0]
+        if not busy:
+            self.freed = set()
+            return self.inner.schedule(snap)
+        if self.freed:
+            self.freed_free.append(self.freed <= set(snap.free_gpus))
+        idle = [r for r in snap.replicas if r.live == 0 and r.queued == 0]
+        if idle:
+            self.idle_free.append(all(g in snap.free_gpus for r in idle for g in r.gpus))
+            if self.release:
+                self.freed |= {g for r in idle for g in r.gpus}
+                sources = tuple(r.replica for r in idle)
+                return SchedulerOutput((Migrate(busy[0].pipeline, sources, (busy[0].replica,)),))
+        return self.inner.schedule(snap)
+
+
+def test_a_hybrid_rollouts_idle_replica_holds_its_gpus_until_the_rollout_ends_or_a_migrate_frees_it():
+    """verl wakes a sync pipeline's rollout engines at its weight sync and sleeps them together (the live
+    executor's rollout lease holds every replica's slots): a replica that has finished its requests keeps its GPUs
+    while the others decode, and only a ``Migrate`` that names it (the live migrator sleeps it) frees them early."""
+    w = workload_from_dict(
+        tiny_workload_dict(num_gpus=4, pipelines=[tiny_pipeline("a", batch_prompts=8, steps=2)]), "one-sync"
+    )
+    held = _FreeIdleReplicas(w, release=False)
+    check_all(w, Simulator(w, held).run())
+    assert held.idle_free and not any(held.idle_free)  # seen idle, and still held
+
+    freed = _FreeIdleReplicas(w, release=True)
+    r = Simulator(w, freed).run()
+    check_all(w, r)
+    assert r.migrations and all(m.requests == 0 for m in r.migrations)  # nothing to move, GPUs to free
+    assert freed.freed_free and all(freed.freed_free)

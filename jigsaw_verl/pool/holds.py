@@ -80,6 +80,8 @@ class SlotHolds:
         self._on: list[list[Hold]] = [[] for _ in range(num_slots)]
         self.last: list[str | None] = [None] * num_slots
         self.lost: frozenset[int] = frozenset()  # slots of nodes that left the pool: never free again
+        self.version = 0  # bumped by every change of who holds what at which share
+        self.lease_cache: tuple | None = None  # (version, replica ids, leases) of the last snapshot (pool.snapshot)
 
     @property
     def topology(self) -> PoolTopology:
@@ -88,6 +90,7 @@ class SlotHolds:
     def lose(self, slots) -> None:
         """``slots`` left the pool (their node died)."""
         self.lost = self.lost | frozenset(slots)
+        self.version += 1
 
     def on(self, slot: int) -> list[Hold]:
         """The holds on ``slot`` now (at most two), oldest first. Do not mutate."""
@@ -129,6 +132,7 @@ class SlotHolds:
         if refused is not None:
             return refused
         closed = []
+        self.version += 1
         for g in slots:
             held = self._on[g]
             if held and held[0].shares[g] > 1.0 - share:  # the occupant's share shrinks to the rest
@@ -145,6 +149,7 @@ class SlotHolds:
         an occupant's whose share grew back to the whole slot)."""
         slots = hold.slots if slots is None else slots
         closed = []
+        self.version += 1
         for g in slots:
             self._on[g].remove(hold)
             closed.append(Segment(g, hold, hold.shares.pop(g), hold.since.pop(g)))

@@ -96,7 +96,16 @@ def build_snapshot(
     )
     if view.replicas is None:
         return Snapshot(**basic)
-    replica_of = view.replica_of or {}
+    leases = _leases(holds, view.replica_of or {})
+    return Snapshot(**basic, leases=leases, free_bytes=view.free_bytes, replicas=view.replicas, history=view.history)
+
+
+def _leases(holds: SlotHolds, replica_of: dict) -> tuple:
+    """Per slot, its holds as :class:`Lease` s; rebuilt only when the holds or the replica ids changed since the
+    pool's last snapshot (a decision is taken at every event, and most events change neither)."""
+    cached = holds.lease_cache
+    if cached is not None and cached[0] == holds.version and cached[1] == replica_of:
+        return cached[2]
     leases = tuple(
         tuple(
             Lease(
@@ -109,4 +118,5 @@ def build_snapshot(
         )
         for g in range(holds.num_slots)
     )
-    return Snapshot(**basic, leases=leases, free_bytes=view.free_bytes, replicas=view.replicas, history=view.history)
+    holds.lease_cache = (holds.version, dict(replica_of), leases)
+    return leases

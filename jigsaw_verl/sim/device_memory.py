@@ -48,16 +48,24 @@ class DeviceMemory:
         )
 
     def free_bytes(self) -> tuple[float, ...]:
-        """Per GPU, memory not held by running tasks (idle resident state counts as free: it can be evicted)."""
-        cap, pinned = usable_bytes(self.gpu), self.pinned()
-        out = []
-        for g in range(self.n):
-            used = self.kv_bytes(g)
-            for k, b in self.resident[g].items():
+        """Per GPU, memory not held by running tasks (idle resident state counts as free: it can be evicted).
+        One pass over the distinct holds (a decision reads it every time, on pools of a thousand GPUs)."""
+        used = [0.0] * self.n
+        pinned = set()
+        for h in self.holds.holds():
+            t = h.owner
+            if t.key is not None:
+                pinned.add(t.key)
+            if isinstance(t, Engine):
+                kv = t.engine.kv_reserved * t.engine.model.kv_bytes_per_token / t.engine.tp
+                for g in h.slots:
+                    used[g] += kv
+        for g, res in enumerate(self.resident):
+            for k, b in res.items():
                 if k in pinned:
-                    used += b
-            out.append(cap - used)
-        return tuple(out)
+                    used[g] += b
+        cap = usable_bytes(self.gpu)
+        return tuple(cap - u for u in used)
 
     def train_homes(self) -> dict[str, tuple[int, ...]]:
         """Per pipeline, the GPUs holding its training state."""

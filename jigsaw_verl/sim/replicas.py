@@ -190,8 +190,17 @@ class ReplicaRunner:
         else:
             self._retire(e)
 
-    def _retire(self, e: Engine) -> None:
-        """A replica with nothing left to generate frees its GPUs (its weights stay resident)."""
+    def _retire(self, e: Engine, *, park: bool = True) -> None:
+        """A replica with nothing left to generate frees its GPUs (its weights stay resident), except one of a
+        hybrid-engine pipeline (``colocated``) whose rollout still runs: verl wakes a rollout's engines at its weight
+        sync and sleeps them together when the rollout ends, so the idle replica keeps its GPUs and KV cache (the
+        live executor's rollout lease holds its slots) until then, or until a ``Migrate`` names it a source (the
+        migrator sleeps the sources it empties). ``park=False``: free it now."""
+        ps = self.pipes[e.pipeline]
+        if e not in self.engines:
+            return  # already freed with its rollout's other idle replicas
+        if park and ps.mode.colocated and ps.remaining.get(e.step, 0) > 0:
+            return  # idle, held: stays in the snapshot with nothing live
         self.reprefill_tokens += e.engine.reprefill_tokens
         e.token += 1  # an event still queued for it (a migrated source) is stale
         self.engines.remove(e)
@@ -206,6 +215,8 @@ class ReplicaRunner:
             s = ps.samples[step]
             ps.stream[step][1].append((int(s.prompt_len[index] + s.response_len[index]), t))
         if ps.remaining[step] == 0:
+            for e in [e for e in self.engines if e.pipeline == ps.spec.name and e.step == step and not e.engine.busy]:
+                self._retire(e, park=False)  # the rollout's engines sleep together
             self._stage_done(ps, step, ROLLOUT, t)
         if step in ps.stream:
             self._feed_stream(ps, step)
@@ -244,7 +255,7 @@ class ReplicaRunner:
             reqs, acts = eng.abort(self._local(e))
             self._record_acts(e, acts)
             moved += reqs
-            self._retire(e)
+            self._retire(e, park=False)
         return moved, freed
 
     def _migrate(self, m: Migrate) -> None:

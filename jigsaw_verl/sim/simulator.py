@@ -8,7 +8,9 @@ to start (:meth:`Simulator._decide`). The simulator is one clock over the pool m
 progress is marked in its pipeline records, and the policy's snapshot comes from its one builder. What runs:
 
 - a rollout stage runs on replicas (:class:`~jigsaw_verl.model.rollout_engine.ReplicaEngine`), each freeing its
-  GPUs as soon as it has nothing left to generate;
+  GPUs as soon as it has nothing left to generate, except a hybrid-engine rollout's (``ExecutionMode.colocated``):
+  verl sleeps those engines together, so an idle one holds its GPUs until the rollout ends or a ``Migrate`` frees
+  it (as the live executor's rollout lease does);
 - every other stage runs as one *gang* over its GPUs, node by node (the nodes of :mod:`jigsaw_verl.model.graph`).
 
 Co-location: two co-located sub-stages progress at the speeds :meth:`CostModel.colocated_rates` gives for their
@@ -228,20 +230,7 @@ class Simulator(ReplicaRunner):
 
     def view(self, ready: tuple[ReadyStage, ...]) -> ExecutorView:
         """What the simulator alone knows: its replica engines, resident memory, training homes, history."""
-        replicas = tuple(
-            ReplicaView(
-                replica=e.worker,
-                pipeline=e.pipeline,
-                step=e.step,
-                gpus=e.gpus,
-                live=e.engine.live_count,
-                queued=len(e.engine.queue),
-                context_tokens=e.engine.context_tokens,
-                generated_tokens=e.engine.live_generated,
-                started_s=e.started_s,
-            )
-            for e in self.engines
-        )
+        replicas = tuple(self._replica_view(e) for e in self.engines)
         return ExecutorView(
             ready=ready,
             replicas=replicas,
@@ -250,6 +239,27 @@ class Simulator(ReplicaRunner):
             train_slots=self.memory.train_homes(),
             history=tuple(self.history),
         )
+
+    @staticmethod
+    def _replica_view(e: Engine) -> ReplicaView:
+        """``e`` as the policy sees it; an idle replica's (a hybrid rollout's, held until the rollout ends) is the
+        same at every decision, so it is built once per step."""
+        idle = not e.engine.busy
+        if idle and e.idle_view is not None and e.idle_view.step == e.step:
+            return e.idle_view
+        view = ReplicaView(
+            replica=e.worker,
+            pipeline=e.pipeline,
+            step=e.step,
+            gpus=e.gpus,
+            live=e.engine.live_count,
+            queued=len(e.engine.queue),
+            context_tokens=e.engine.context_tokens,
+            generated_tokens=e.engine.live_generated,
+            started_s=e.started_s,
+        )
+        e.idle_view = view if idle else None
+        return view
 
     # ---- starting stages -------------------------------------------------------------------------------------
     def _start(self, a: StartStage) -> None:

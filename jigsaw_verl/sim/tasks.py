@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from jigsaw_verl.model.graph import ROLLOUT
 from jigsaw_verl.model.rollout_engine import ReplicaEngine
@@ -51,6 +52,7 @@ class Engine(Task):
     key: tuple = ()
     started_s: float = 0.0
     stage: str = ROLLOUT
+    idle_view: Any = None  # its ReplicaView while it has nothing to do (Simulator._replica_view)
 
 
 @dataclass(eq=False)

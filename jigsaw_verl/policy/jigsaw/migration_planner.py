@@ -10,7 +10,8 @@ every live request of the others onto them, and prices the move:
 - the merged replicas decode larger batches over more context, so the remaining tail runs slower by the ratio of
   the cost model's decode-step times;
 - the sources free their GPUs for the time they would still have held them (the predictor's per-replica
-  remaining time).
+  remaining time; for a hybrid-engine rollout, whose engines sleep together, the rollout's: an idle source moves
+  nothing and frees its GPUs at no cost).
 
 :func:`plan_migration` returns the plan with its prices, or ``None`` when the rollout is not in its tail or
 merging frees nothing. Whether the freed GPU time is taken by a ready sub-stage and worth more than the cost is
@@ -104,10 +105,10 @@ def plan_migration(
     tp = spec.rollout_tp
     ctx_moved = sum(r.context_tokens for r in moved)
     n_moved = sum(r.live for r in moved)
-    if n_moved == 0:  # sources already idle: freeing them costs nothing (they free themselves anyway)
+    if n_moved == 0 and sum(remaining_s[i] for i in move) <= 0:  # idle sources that free themselves anyway
         return None
-    mean_ctx = ctx_moved / n_moved
-    reprefill_s = cost.prefill(spec.model, tp, ctx_moved / m, (ctx_moved / m) * mean_ctx)
+    mean_ctx = ctx_moved / max(1, n_moved)
+    reprefill_s = cost.prefill(spec.model, tp, ctx_moved / m, (ctx_moved / m) * mean_ctx) if n_moved else 0.0
     worst = max(replicas, key=lambda r: (r.live, r.context_tokens))
     before = cost.decode_step(spec.model, tp, max(1, worst.live), worst.context_tokens)
     after = cost.decode_step(spec.model, tp, math.ceil(live / m), sum(r.context_tokens for r in replicas) / m)

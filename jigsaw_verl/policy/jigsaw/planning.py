@@ -36,7 +36,8 @@ class PlanningModel:
         workload: the pool and pipelines.
         knobs: the scheduler's knobs.
         cost: cost model (the workload GPU's by default).
-        hybrid_sync: pipelines whose weight sync is verl's hybrid-engine reshard and wake (the others broadcast).
+        hybrid_sync: pipelines whose weight sync is verl's hybrid-engine reshard and wake (the others broadcast);
+            their rollout's idle replicas keep their GPUs until the rollout ends, unless a merge frees them.
 
     Attributes:
         knobs: the knobs.
@@ -46,6 +47,7 @@ class PlanningModel:
         index: each pipeline's position in the workload.
         rm: memory admission.
         pred: the predictor.
+        hybrid: the ``hybrid_sync`` pipelines.
         tail_share: SM share a long-tail replica keeps when a training stage joins it (the one the interference
             table says pays best).
         train_speed: speed of that training stage, as a fraction of running alone.
@@ -66,6 +68,7 @@ class PlanningModel:
         self.specs = {p.name: p for p in workload.pipelines}
         self.index = {p.name: i for i, p in enumerate(workload.pipelines)}
         self.names = [p.name for p in workload.pipelines]
+        self.hybrid = hybrid_sync
         # NOTE: an async pipeline's rollouts overlap its steps (AReaL-style; the mode lets a step join the replicas of
         # the one before, this policy starts it on replicas of its own: rollout_cap). No training is placed beside
         # its tails: a newer step's rollout is due on the pipeline's GPUs, and allowing it measured worse (async

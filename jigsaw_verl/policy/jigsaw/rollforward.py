@@ -104,19 +104,21 @@ class RollForward:
         host = now + m.pred.time_until_outstanding_s(
             name, curve, total, sum(live), int(m.knobs.colocate_live_per_replica * len(reps))
         )
+        # a hybrid-engine rollout's replicas sleep together: an idle one holds its GPUs until the last one is done
+        held = [max(rem, default=0.0)] * len(rem) if name in m.hybrid else rem
         if reps:  # every replica's GPUs at once
             self.replica_end.update((r.replica, now + t) for r, t in zip(reps, rem))
             idx = [g for r in reps for g in r.gpus]
-            np.maximum.at(self.end, idx, np.repeat(now + np.asarray(rem), [len(r.gpus) for r in reps]))
+            np.maximum.at(self.end, idx, np.repeat(now + np.asarray(held), [len(r.gpus) for r in reps]))
             self.host_from[idx] = math.inf if name in m.refilled else host
             self.owner[idx] = m.index[name]
         colocated = any(len(self.snap.leases[g]) > 1 for r in reps for g in r.gpus)
         if m.knobs.horizon > 0 and reps and not colocated:
             # an overlapping rollout's older steps drain on their own replicas while newer ones run: merge those
             tail = draining(reps, m.specs[name].max_staleness) if name in m.refilled else range(len(reps))
-            group, group_rem = [reps[i] for i in tail], [rem[i] for i in tail]
+            group = [reps[i] for i in tail]
             if m.knobs.migration and in_tail(group, m.knobs.tail_live_per_replica):
-                plan = self._plan(name, group, group_rem)
+                plan = self._plan(name, group, [held[i] for i in tail])
                 if plan is not None and plan.worth_it():
                     self.migrations[name] = plan
             if widening_due(m.specs[name], reps, m.knobs.elastic_tail, m.knobs.widen_live_per_replica):
