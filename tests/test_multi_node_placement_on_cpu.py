@@ -5,8 +5,9 @@ A Ray cluster of a head (no GPUs) and two worker nodes of 2 GPUs each runs on th
 hardware behind them). The group's scheduler makes the pool, 2 nodes x 2 slots, as verl makes its own: one
 ``STRICT_PACK`` placement group per node. Pipeline a (2 slots, rollout TP 2) is homed on one node; b (4 slots) spans
 both. verl's ``RayWorkerGroup`` places them through :class:`SharedPoolManager`, with verl's CUDA platform, and every
-worker says where it runs and what verl set in its environment. Then node 1's raylet is killed: the scheduler
-notices, b (living on it) leaves naming the node, a stays.
+worker says where it runs and what verl set in its environment. Then c joins beside b and its trainer's fit raises
+(as when its workers on the node died first): it leaves failed. Node 1's raylet is killed: the scheduler notices,
+b (living on it) leaves naming the node, c's error names it too, a stays.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ def _probe_multi_node() -> dict:
             )
             seen[name] = group.where()
         pool = ray.get(scheduler.placement.remote())
+        # c, homed beside b, fails by itself before the loss is noticed: trainer mode jigsaw's fit raises (verl's
+        # loop raising as when its workers on the node died first) and the pipeline leaves the group
+        ray.get(scheduler.join.remote(replace(_spec("c"), rollout_tp=2), 2))
+        c_home = ray.get(scheduler.placement.remote())["homes"]["c"]
+        _fit_raising(scheduler, "c", ray.exceptions.ActorDiedError())
         victim = next(n for n in nodes if n.node_id == pool["nodes"][1]["node_id"])
         victim.kill_raylet()
         killed = time.monotonic()
@@ -77,7 +83,34 @@ def _probe_multi_node() -> dict:
             time.sleep(0.2)
             status = ray.get(scheduler.status.remote())
         status["noticed_after_s"] = time.monotonic() - killed
-        return {"pool": pool, "seen": seen, "status": status}
+        return {"pool": pool, "seen": seen, "status": status, "c_home": c_home}
+
+
+def _fit_raising(scheduler, pipeline: str, error: Exception) -> None:
+    """Trainer mode jigsaw's ``fit`` for ``pipeline`` (its own method, leaving through the real lease client) over
+    a verl fit loop that raises ``error`` (a double for the loop, patched on verl's sync trainer for this call)."""
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from jigsaw_verl.integration.lease_client import StageLeases
+    from jigsaw_verl.integration.trainer.v1_jigsaw import JigsawPPOTrainerV1
+
+    leases = object.__new__(StageLeases)  # joined above, holding no lease
+    leases.pipeline, leases.scheduler, leases.current, leases.residency = pipeline, scheduler, None, None
+    trainer = object.__new__(JigsawPPOTrainerV1)
+    trainer._jigsaw_leases = leases
+
+    def verl_fit_raising(self, agent_loop_manager):
+        raise error
+
+    original, PPOTrainerSync.fit = PPOTrainerSync.fit, verl_fit_raising
+    try:
+        trainer.fit(None)
+    except type(error):
+        pass
+    else:
+        raise AssertionError("the trainer's fit swallowed its loop's error")
+    finally:
+        PPOTrainerSync.fit = original
 
 
 def test_multi_node_pool_places_each_pipeline_by_node_and_a_lost_node_ends_only_its_pipelines():
@@ -109,9 +142,11 @@ def test_multi_node_pool_places_each_pipeline_by_node_and_a_lost_node_ends_only_
         for r in range(0, len(workers), 2):
             assert workers[r]["node_id"] == workers[r + 1]["node_id"]
     # node 1 died: b (on it) left naming the node; a (on node 0) is still in the group
-    assert status["left"] == {"b": "node 1 lost"}, status
+    assert status["left"] == {"b": "node 1 lost", "c": "failed: ActorDiedError"}, status
     assert list(status["pipelines"]) == ["a"] and status["lost_nodes"] == [1]
     assert "pool node 1" in status["errors"]["b"] and status["noticed_after_s"] < 30
+    # c had left, failed, before the loss was noticed: the node is still named as its cause (not when finished)
+    assert set(found["c_home"]) & {2, 3} and "pool node 1" in status["errors"]["c"], found["c_home"]
 
 
 if __name__ == "__main__":

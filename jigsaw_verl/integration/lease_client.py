@@ -140,10 +140,11 @@ class StageLeases:
         if self.current is not None:
             await self.scheduler.migrated.remote(self.pipeline, self.current[0], list(sources))
 
-    def leave(self) -> None:
-        """End the held stage and leave the group."""
+    def leave(self, reason: str = "finished") -> None:
+        """End the held stage and leave the group, saying why (``"finished"``, or how the trainer failed: the
+        scheduler names a lost node only for a pipeline that had not finished)."""
         self.end()
-        ray.get(self.scheduler.leave.remote(self.pipeline))
+        ray.get(self.scheduler.leave.remote(self.pipeline, reason))
 
     def take_metrics(self) -> dict[str, float]:
         """``jigsaw/lease_wait_s/<stage>`` (and the residency's moves) since the last call."""
