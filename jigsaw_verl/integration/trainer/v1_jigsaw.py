@@ -23,8 +23,9 @@ rollout until ``on_sample_end`` (after verl sleeps the replicas; it reports when
 (reward, old/ref log-prob, values, advantage) until ``_compute_advantage`` returns; update (critic and actor,
 checkpoint) until ``on_step_end``; each validation (``on_validate_begin`` to ``on_validate_end``) under a lease
 of its own with its own sync, the replicas put to sleep at its end. The pipeline leaves the group when ``fit``
-returns (finished) or raises (failed: a node lost meanwhile is still named as the cause). In a group verl's replay buffer looks for the step's finished samples every
-``jigsaw.mux.sample_poll_s`` (``_build_replay_buffer``), not every 2 s. Each step logs
+returns (finished) or raises (failed: a node lost meanwhile is still named as the cause). In a group verl's replay
+buffer looks for the step's finished samples every ``jigsaw.mux.sample_poll_s`` (``_build_replay_buffer``), not
+every 2 s. Each step logs
 ``jigsaw/lease_wait_s/<stage>`` and the residency's ``jigsaw/onload_s`` / ``jigsaw/offload_s``. The load balancer is
 :class:`~jigsaw_verl.integration.rollout.load_balancer.MigratingLoadBalancer`, selected through verl's
 ``actor_rollout_ref.rollout.router_config_path`` (``jigsaw_verl.main_ppo`` sets both).
