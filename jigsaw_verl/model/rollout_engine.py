@@ -113,10 +113,12 @@ class ReplicaEngine:
         self._pending_load: float | None = None  # seconds of a weight load to run before anything else
         self.reprefill_tokens = 0
         self.generated_tokens = 0
+        self.version = 0  # bumped by every call that may change its sequences (what a replica view shows)
 
     # ---- inputs ----------------------------------------------------------------------------------------------
     def submit(self, requests: list[Request], now: float) -> None:
         """Queue ``requests`` at ``now``; a decode step in flight completes before they are admitted."""
+        self.version += 1
         for r in requests:
             if r.prompt_len + r.response_len > self.kv_capacity:
                 raise ValueError(
@@ -127,6 +129,7 @@ class ReplicaEngine:
 
     def resume(self, request: Request, generated: int, now: float) -> None:
         """Queue a request that already has ``generated`` tokens elsewhere (it will be re-prefilled)."""
+        self.version += 1
         self.queue.append(_Live(request, generated, True))
         self._cut(now)
 
@@ -139,6 +142,7 @@ class ReplicaEngine:
         Returns:
             ``(request, tokens generated so far)`` per request, and the activities completed or cut short.
         """
+        self.version += 1
         acts: list[Activity] = []
         if self._act is not None:
             kind, start, end, payload = self._act
@@ -166,6 +170,7 @@ class ReplicaEngine:
     def load_weights(self, now: float, duration_s: float, *, interrupt: bool) -> None:
         """Pause for a weight update of ``duration_s`` after the step in flight; with ``interrupt`` every live
         sequence is re-prefilled under the new weights afterwards (AReaL's interruptible rollout)."""
+        self.version += 1
         if interrupt:
             for s in self.live:
                 s.needs_prefill = True
@@ -215,6 +220,7 @@ class ReplicaEngine:
         Returns:
             The requests that finished (request, finish time, tokens generated) and the activities completed.
         """
+        self.version += 1
         done: list[tuple[Request, float, int]] = []
         acts: list[Activity] = []
         if self._act is not None and self._act[2] <= now + 1e-12:

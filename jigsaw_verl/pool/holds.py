@@ -82,6 +82,9 @@ class SlotHolds:
         self.lost: frozenset[int] = frozenset()  # slots of nodes that left the pool: never free again
         self.version = 0  # bumped by every change of who holds what at which share
         self.lease_cache: tuple | None = None  # (version, replica ids, leases) of the last snapshot (pool.snapshot)
+        self.running_cache: tuple | None = None  # (version, running stages per pipeline) (pool.snapshot)
+        self._holds_cache: tuple[int, tuple[Hold, ...]] | None = None
+        self._free_cache: tuple[int, tuple[int, ...]] | None = None
 
     @property
     def topology(self) -> PoolTopology:
@@ -97,15 +100,22 @@ class SlotHolds:
         return self._on[slot]
 
     def free_slots(self) -> list[int]:
-        return [g for g, held in enumerate(self._on) if not held and g not in self.lost]
+        """The slots no hold is on, outside lost nodes, in order (kept until the holds change: a decision reads
+        them at every event, on pools of a thousand slots)."""
+        if self._free_cache is None or self._free_cache[0] != self.version:
+            free = tuple(g for g, held in enumerate(self._on) if not held and g not in self.lost)
+            self._free_cache = (self.version, free)
+        return list(self._free_cache[1])
 
-    def holds(self) -> list[Hold]:
-        """Every hold, each once, in slot order of first appearance."""
-        seen: dict[int, Hold] = {}
-        for held in self._on:
-            for h in held:
-                seen.setdefault(id(h), h)
-        return list(seen.values())
+    def holds(self) -> tuple[Hold, ...]:
+        """Every hold, each once, in slot order of first appearance (kept until the holds change)."""
+        if self._holds_cache is None or self._holds_cache[0] != self.version:
+            seen: dict[int, Hold] = {}
+            for held in self._on:
+                for h in held:
+                    seen.setdefault(id(h), h)
+            self._holds_cache = (self.version, tuple(seen.values()))
+        return self._holds_cache[1]
 
     def refusal(self, pipeline: str, stage: str, slots: tuple[int, ...], share: float) -> Refusal | None:
         """Why ``stage`` of ``pipeline`` cannot hold ``slots`` at ``share`` now, or ``None`` if it can."""

@@ -32,6 +32,7 @@ class PipelineProgress:
         status: ``(step, stage)`` -> ``"running"`` | ``"done"``.
         started_s: ``(step, stage)`` -> when it started, seconds.
         widths: ``(step, stage)`` -> slots it started on.
+        changes: bumped by every stage start and end (what :meth:`ready` depends on, besides ``arrived``).
     """
 
     name: str
@@ -47,6 +48,7 @@ class PipelineProgress:
     status: dict = field(default_factory=dict)
     started_s: dict = field(default_factory=dict)
     widths: dict = field(default_factory=dict)
+    changes: int = 0
 
     def done(self, step: int, stage: str) -> bool:
         return self.status.get((step, stage)) == "done"
@@ -55,6 +57,7 @@ class PipelineProgress:
         return (step, stage) in self.status
 
     def start(self, step: int, stage: str, now: float, width: int) -> None:
+        self.changes += 1
         self.status[(step, stage)] = "running"
         self.started_s[(step, stage)] = now
         self.widths[(step, stage)] = width
@@ -67,6 +70,7 @@ class PipelineProgress:
 
     def end(self, step: int, stage: str, now: float, finish_offsets_s: tuple[float, ...] = ()) -> StageTiming:
         """Mark a stage done; returns its timing for the history."""
+        self.changes += 1
         self.status[(step, stage)] = "done"
         if stage == WEIGHT_SYNC:
             self.version += 1

@@ -39,10 +39,13 @@ class ExecutorView:
     history: tuple[StageTiming, ...] = ()
 
 
-def running_by_pipeline(holds: SlotHolds) -> dict[str, list[tuple[int, str, tuple[int, ...]]]]:
+def running_by_pipeline(holds: SlotHolds) -> dict[str, tuple[tuple[int, str, tuple[int, ...]], ...]]:
     """Per pipeline, its running stages ``(step, stage, slots)`` in slot order; its rollout replicas as one entry
     ``(-1, "rollout", every replica slot)`` after its other stages. Leases outside the step graph are not stages
-    (the slots they hold are busy all the same)."""
+    (the slots they hold are busy all the same). Kept on ``holds`` until they change; do not mutate."""
+    cached = holds.running_cache
+    if cached is not None and cached[0] == holds.version:
+        return cached[1]
     stages: dict[str, list] = {}
     rollout: dict[str, set[int]] = {}
     for h in holds.holds():
@@ -56,7 +59,9 @@ def running_by_pipeline(holds: SlotHolds) -> dict[str, list[tuple[int, str, tupl
                 entries.append((h.step, h.stage, h.slots))
     for name, slots in rollout.items():
         stages.setdefault(name, []).append((-1, ROLLOUT, tuple(sorted(slots))))
-    return stages
+    running = {name: tuple(entries) for name, entries in stages.items()}
+    holds.running_cache = (holds.version, running)
+    return running
 
 
 def build_snapshot(
@@ -68,7 +73,7 @@ def build_snapshot(
     train = view.train_slots or {}
     views = []
     for ps in pipelines:
-        mine = running.get(ps.name, [])
+        mine = running.get(ps.name, ())
         views.append(
             PipelineView(
                 name=ps.name,
@@ -79,7 +84,7 @@ def build_snapshot(
                 finished=ps.finished,
                 version=ps.version,
                 steps_done=ps.steps_done,
-                running=tuple(mine),
+                running=mine,
                 rollout_gpus=frozenset(g for st, stage, slots in mine if stage == ROLLOUT for g in slots),
                 running_since_s=tuple(ps.running_since(st, stage, now_s) for st, stage, _ in mine),
                 train_gpus=train.get(ps.name, ()),

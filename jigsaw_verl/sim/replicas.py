@@ -49,6 +49,7 @@ class SimPipe:
     stream: dict = field(default_factory=dict)  # step -> (Gang, pending [(seq_len, done_s)], next mb index)
     finish_offsets: dict = field(default_factory=dict)  # step -> [finish times]
     last_rollout_gpus: int = 0
+    ready_cache: tuple | None = None  # ((progress changes, arrived), its ready stages) (Simulator._ready)
 
     @classmethod
     def of(cls, spec: PipelineSpec, index: int, mode: ExecutionMode, samples: tuple[StepSamples, ...]) -> SimPipe:

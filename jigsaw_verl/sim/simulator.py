@@ -97,6 +97,8 @@ class Simulator(ReplicaRunner):
         self.migrations: list = []
         self.history: list = []
         self._next_replica = 0
+        self._pair_memo: dict = {}  # co-location speeds of task pairs (Simulator._rate)
+        self._view_parts: tuple | None = None  # (stamp, replica_of, history) of the last view (Simulator.view)
 
     # ---- event plumbing --------------------------------------------------------------------------------------
     def _push(self, t: float, prio: int, item) -> None:
@@ -127,23 +129,35 @@ class Simulator(ReplicaRunner):
         return self.cost.stage_load(work, dur, gpus, sm_share=task.hold.shares[g], mem_share=0.0)
 
     def _rate(self, task: Task) -> float:
-        rate = 1.0
+        """``task``'s speed now: the slowest of its GPUs, each shared by at most two tasks. The speeds of a pair
+        are kept while neither's load nor their shares there change (:meth:`Task.load_stamp`): a gang over many
+        GPUs beside replicas is re-rated at every replica event, and only that replica's GPUs changed. The memo's
+        keys hold the tasks themselves (compared by identity), so no entry outlives its tasks' identities."""
+        rate, memo = 1.0, self._pair_memo
         for g in task.gpus:
-            occ = self._tasks(g)
-            if len(occ) == 2:
-                a, b = occ
-                rates = self.cost.colocated_rates(self._load(a, g), self._load(b, g))
-                if rates is None:
-                    raise SimulationError(f"{self.policy.name}: SM shares on GPU {g} exceed 1")
-                rate = min(rate, rates[0] if a is task else rates[1])
+            held = self.holds.on(g)
+            if len(held) != 2:
+                continue
+            ha, hb = held
+            a, b = ha.owner, hb.owner
+            key = (a, b, a.load_stamp(), b.load_stamp(), ha.shares[g], hb.shares[g])
+            rates = memo.get(key, False)
+            if rates is False:
+                if len(memo) > 100_000:
+                    memo.clear()
+                rates = memo[key] = self.cost.colocated_rates(self._load(a, g), self._load(b, g))
+            if rates is None:
+                raise SimulationError(f"{self.policy.name}: SM shares on GPU {g} exceed 1")
+            rate = min(rate, rates[0] if a is task else rates[1])
         return rate
 
     def _rerate(self, gpus) -> None:
         """Occupancy or a node changed on ``gpus``: give every task there its current speed."""
-        tasks = []
+        tasks: dict[int, Task] = {}
         for g in gpus:
-            tasks += [t for t in self._tasks(g) if t not in tasks]
-        for t in tasks:
+            for t in self._tasks(g):
+                tasks.setdefault(id(t), t)
+        for t in tasks.values():
             r = self._rate(t)
             if r != t.rate:
                 t.marks.append((self.now, self._local(t), r))
@@ -217,9 +231,15 @@ class Simulator(ReplicaRunner):
         raise SimulationError(f"policy {self.policy.name} kept starting stages at t={self.now:.3f}s without end")
 
     def _ready(self) -> tuple[ReadyStage, ...]:
-        return tuple(
-            ReadyStage(ps.spec.name, k, s) for ps in self.pipes.values() for k, s in ps.progress.ready(ps.mode)
-        )
+        """The ready stages of every pipeline, each pipeline's kept until it starts or ends a stage or arrives."""
+        out: list[ReadyStage] = []
+        for ps in self.pipes.values():
+            stamp = (ps.progress.changes, ps.progress.arrived)
+            if ps.ready_cache is None or ps.ready_cache[0] != stamp:
+                ready = tuple(ReadyStage(ps.spec.name, k, s) for k, s in ps.progress.ready(ps.mode))
+                ps.ready_cache = (stamp, ready)
+            out.extend(ps.ready_cache[1])
+        return tuple(out)
 
     def snapshot(self, ready: tuple[ReadyStage, ...] | None = None) -> Snapshot:
         """What the policy sees now, from the pool's one snapshot builder (``ready``: the ready stages, if known)."""
@@ -230,23 +250,33 @@ class Simulator(ReplicaRunner):
 
     def view(self, ready: tuple[ReadyStage, ...]) -> ExecutorView:
         """What the simulator alone knows: its replica engines, resident memory, training homes, history."""
-        replicas = tuple(self._replica_view(e) for e in self.engines)
+        replicas = tuple(
+            e.view_cache[1]
+            if e.view_cache is not None and e.view_cache[0] == (e.engine.version, e.step)
+            else self._replica_view(e)
+            for e in self.engines
+        )
+        stamp = (self.holds.version, len(self.engines), len(self.history))  # replicas come and go with holds
+        if self._view_parts is None or self._view_parts[0] != stamp:
+            replica_of = {g: e.worker for e in self.engines for g in e.gpus}
+            self._view_parts = (stamp, replica_of, tuple(self.history))
+        _, replica_of, history = self._view_parts
         return ExecutorView(
             ready=ready,
             replicas=replicas,
-            replica_of={g: e.worker for e in self.engines for g in e.gpus},
+            replica_of=replica_of,
             free_bytes=self.memory.free_bytes(),
             train_slots=self.memory.train_homes(),
-            history=tuple(self.history),
+            history=history,
         )
 
     @staticmethod
     def _replica_view(e: Engine) -> ReplicaView:
-        """``e`` as the policy sees it; an idle replica's (a hybrid rollout's, held until the rollout ends) is the
-        same at every decision, so it is built once per step."""
-        idle = not e.engine.busy
-        if idle and e.idle_view is not None and e.idle_view.step == e.step:
-            return e.idle_view
+        """``e`` as the policy sees it, rebuilt only when its engine or step changed since the last decision (most
+        events touch one replica of a thousand)."""
+        stamp = (e.engine.version, e.step)
+        if e.view_cache is not None and e.view_cache[0] == stamp:
+            return e.view_cache[1]
         view = ReplicaView(
             replica=e.worker,
             pipeline=e.pipeline,
@@ -258,7 +288,7 @@ class Simulator(ReplicaRunner):
             generated_tokens=e.engine.live_generated,
             started_s=e.started_s,
         )
-        e.idle_view = view if idle else None
+        e.view_cache = (stamp, view)
         return view
 
     # ---- starting stages -------------------------------------------------------------------------------------
@@ -351,22 +381,22 @@ class Simulator(ReplicaRunner):
         if gang.nodes:
             node, ready = gang.nodes.popleft()
             local = self._local(gang)
-            gang.current = (node, local, local + node.duration_s, ready, self.now)
+            gang.run((node, local, local + node.duration_s, ready, self.now))
             self._arm(gang)
             if self._shared(gang):
                 self._rerate(gang.gpus)
         elif gang.closed:
-            gang.current = None
+            gang.run(None)
             self._release(gang)
             self._stage_done(self.pipes[gang.pipeline], gang.step, gang.stage, self.now)
         else:
-            gang.current = None
+            gang.run(None)
 
     def _on_gang(self, gang: Gang) -> None:
         node, _, _, ready, start = gang.current
         self._record(gang, node, start, self.now, ready)
         gang.hold.mark()
-        gang.current = None
+        gang.run(None)
         self._next_node(gang)
 
     def _stage_done(self, ps: SimPipe, step: int, stage: str, t: float) -> None:

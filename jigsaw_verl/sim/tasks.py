@@ -28,6 +28,10 @@ class Task:
     marks: list = field(default_factory=list)
     token: int = 0
 
+    def load_stamp(self) -> int:
+        """Changes whenever what the task runs now (its co-location load) may have changed."""
+        raise NotImplementedError
+
     def local(self, now: float) -> float:
         sim, local, rate = self.marks[-1]
         if sim == local and rate == 1.0:  # NOTE: exact for tasks never slowed down (all baselines)
@@ -52,7 +56,10 @@ class Engine(Task):
     key: tuple = ()
     started_s: float = 0.0
     stage: str = ROLLOUT
-    idle_view: Any = None  # its ReplicaView while it has nothing to do (Simulator._replica_view)
+    view_cache: Any = None  # ((engine version, step), its ReplicaView) of the last decision (Simulator._replica_view)
+
+    def load_stamp(self) -> int:
+        return self.engine.version
 
 
 @dataclass(eq=False)
@@ -65,4 +72,13 @@ class Gang(Task):
     nodes: deque = field(default_factory=deque)
     closed: bool = True
     key: tuple | None = None
-    current: tuple | None = None  # (SubStage, local start, local end, inputs_ready, sim start)
+    current: tuple | None = None  # (SubStage, local start, local end, inputs_ready, sim start); set by run()
+    node_version: int = 0  # bumped with every change of ``current``
+
+    def run(self, current: tuple | None) -> None:
+        """Run ``current`` now (``None``: nothing)."""
+        self.current = current
+        self.node_version += 1
+
+    def load_stamp(self) -> int:
+        return self.node_version
