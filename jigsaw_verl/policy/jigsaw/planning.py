@@ -90,6 +90,7 @@ class PlanningModel:
         # Training joins a long-tail replica (memory-bound) with the SM share the table says pays best.
         self.tail_share, _, self.train_speed = table.best_share("memory", "compute")
         self._board: dict[str, tuple[float, float]] = {}
+        self._best_width: dict[tuple[str, str, int], int] = {}  # best_width answers
         self.alone_step_s = {p: sum(self.pred.prior_s(p, st, self.n) for st in STAGES) for p in self.specs}
 
     def boarding_speeds(self, pipeline: str) -> tuple[float, float]:
@@ -117,12 +118,14 @@ class PlanningModel:
         return max(tp, fair // tp * tp)
 
     def best_width(self, pipeline: str, stage: str, available: int) -> int:
-        """Training wider than its fastest predicted width only slows it (collectives across nodes)."""
+        """Training wider than its fastest predicted width only slows it (collectives across nodes). Memoised:
+        the priors never change."""
         if stage == ROLLOUT:
             return available
-        table = self.pred.prior(pipeline)[stage if stage != WEIGHT_SYNC else UPDATE]
-        usable = [g for g in table if g <= available]
-        if not usable:
-            return available
-        best = min(usable, key=lambda g: (table[g], g))
-        return available if best == max(usable) else best
+        key = (pipeline, stage, available)
+        if key not in self._best_width:
+            table = self.pred.prior(pipeline)[stage if stage != WEIGHT_SYNC else UPDATE]
+            usable = [g for g in table if g <= available]
+            best = min(usable, key=lambda g: (table[g], g)) if usable else available
+            self._best_width[key] = available if not usable or best == max(usable) else best
+        return self._best_width[key]

@@ -103,6 +103,7 @@ class Predictor:
         self._curves: dict[str, tuple[float, ...]] = {}
         self._rollout_needs: dict[str, tuple[float, float]] = {}
         self._last_corrections: tuple | None = None  # (history, corrections) of the last call
+        self._prior_s: dict[tuple[str, str, int], float] = {}  # prior_s answers (the priors never change)
 
     def _finish_offsets(self, spec: PipelineSpec, samples, replicas: int, cap: int) -> tuple[float, ...]:
         """When each response of the prior's step finishes on ``replicas`` fresh replicas (its live-batch curve)."""
@@ -183,8 +184,12 @@ class Predictor:
         return self._rollout_needs[name]
 
     def prior_s(self, name: str, stage: str, gpus: int) -> float:
-        """Seconds of ``stage`` of ``name`` on ``gpus`` GPUs by the prior alone (interpolated between widths)."""
-        return _interp(self.prior(name)[stage], max(1, gpus))
+        """Seconds of ``stage`` of ``name`` on ``gpus`` GPUs by the prior alone (interpolated between widths;
+        memoised, as every decision asks for the same few widths)."""
+        key = (name, stage, gpus)
+        if key not in self._prior_s:
+            self._prior_s[key] = _interp(self.prior(name)[stage], max(1, gpus))
+        return self._prior_s[key]
 
     def stage_s(self, name: str, history: tuple[StageTiming, ...], stage: str, gpus: int) -> float:
         """Predicted seconds of ``stage`` of the next step on ``gpus`` GPUs."""

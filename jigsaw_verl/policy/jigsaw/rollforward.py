@@ -326,7 +326,7 @@ class RollForward:
         elif boards:
             joinable = (self._gang >= 0) & (self._gang != me) & self._fits_beside(name) & (end > taus[:, None])
         if joins or boards:
-            co_counts = np.count_nonzero(joinable, axis=1).tolist()
+            co_counts = joinable.sum(axis=1).tolist()
         width, durs = self._width_memo, self._dur
         best = None
         for i, tau in enumerate(moments):
@@ -360,8 +360,8 @@ class RollForward:
         else:
             finish, i, g, extra = best
             tau = moments[i]
-            free = np.flatnonzero(end <= taus[i])[:g]
-            co = None if extra is None else np.flatnonzero(joinable[i])[:extra]
+            free = (end <= taus[i]).nonzero()[0][:g]
+            co = None if extra is None else joinable[i].nonzero()[0][:extra]
         if stage == LOGPROB:
             home[name] = free if co is None else np.concatenate([free, co])
         self._occupy(end, host, owner, free, tau, finish - tau, name, stage)
