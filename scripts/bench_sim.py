@@ -218,8 +218,8 @@ def markdown(results: list[dict], latency: list[dict]) -> str:
         "|---|---:|---:|---|---:|---:|",
     ]
     for d in latency:
-        whole = f"yes ({d['makespan_s']:.0f} s" if d["whole_run"] else "no (first part"
-        whole += f"; simulated in {d['simulate_wall_s']:.0f} s)"
+        extent = f"yes ({d['makespan_s']:.0f} s" if d["whole_run"] else "no (first part"
+        whole = f"{extent}; simulated in {d['simulate_wall_s']:.0f} s)"
         lines.append(
             f"| {d['gpus']} GPUs x {d['pipelines']} pipelines | {d['decisions']} ({d['decisions_in_run']:,}) "
             f"| {d['simulated_s']:.1f} | {whole} "

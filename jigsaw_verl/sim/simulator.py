@@ -250,6 +250,7 @@ class Simulator(ReplicaRunner):
 
     def view(self, ready: tuple[ReadyStage, ...]) -> ExecutorView:
         """What the simulator alone knows: its replica engines, resident memory, training homes, history."""
+        # a replica's view is rebuilt only when its engine or step changed (most events touch one of a thousand)
         replicas = tuple(
             e.view_cache[1]
             if e.view_cache is not None and e.view_cache[0] == (e.engine.version, e.step)
@@ -272,11 +273,7 @@ class Simulator(ReplicaRunner):
 
     @staticmethod
     def _replica_view(e: Engine) -> ReplicaView:
-        """``e`` as the policy sees it, rebuilt only when its engine or step changed since the last decision (most
-        events touch one replica of a thousand)."""
-        stamp = (e.engine.version, e.step)
-        if e.view_cache is not None and e.view_cache[0] == stamp:
-            return e.view_cache[1]
+        """``e`` as the policy sees it now, kept with its stamp for :meth:`view` to reuse."""
         view = ReplicaView(
             replica=e.worker,
             pipeline=e.pipeline,
@@ -288,7 +285,7 @@ class Simulator(ReplicaRunner):
             generated_tokens=e.engine.live_generated,
             started_s=e.started_s,
         )
-        e.view_cache = (stamp, view)
+        e.view_cache = ((e.engine.version, e.step), view)
         return view
 
     # ---- starting stages -------------------------------------------------------------------------------------
